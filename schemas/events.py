@@ -11,13 +11,12 @@ from __future__ import annotations
 import dataclasses
 import enum
 import time
-import types
 import typing
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
-from typing import Any, ClassVar, TypeVar
+from typing import Any, TypeVar
 
 from schemas.errors import DecodeError, EncodeError
 from schemas.packed import FLOAT32, INT32, UINT8, pack, unpack_tuple
@@ -60,7 +59,6 @@ class PauseMode(enum.StrEnum):
 class Event:
     """Envelope shared by every event."""
 
-    TOPIC: ClassVar[str]
     event_id: str = field(default_factory=new_event_id)
     ts_ms: int = field(default_factory=now_ms)
     producer: str = ""
@@ -120,7 +118,6 @@ class TrajectoryNode:
 
 @dataclass(frozen=True, kw_only=True)
 class LLMCall(Event):
-    TOPIC = "llm.calls"
     call_id: str
     session_id: str
     agent_id: str
@@ -146,7 +143,6 @@ class LLMCall(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class SessionStarted(Event):
-    TOPIC = "sessions"
     session_id: str
     agent_id: str
     task_id: str = ""
@@ -160,7 +156,6 @@ class SessionStarted(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class SessionEnded(Event):
-    TOPIC = "sessions"
     session_id: str
     agent_id: str
     task_id: str = ""
@@ -176,7 +171,6 @@ class SessionEnded(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class Trajectory(Event):
-    TOPIC = "trajectories"
     trajectory_id: str
     session_id: str
     agent_id: str
@@ -199,7 +193,6 @@ class Trajectory(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class BatchReady(Event):
-    TOPIC = "trajectories"
     group_id: str
     task_id: str
     trajectory_ids: tuple[str, ...] = ()
@@ -218,7 +211,6 @@ class BatchReady(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class TaskDispatched(Event):
-    TOPIC = "tasks"
     task_id: str
     group_id: str
     n_samples: int
@@ -233,7 +225,6 @@ class TaskDispatched(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class TaskCompleted(Event):
-    TOPIC = "tasks"
     task_id: str
     group_id: str
     num_samples: int
@@ -250,7 +241,6 @@ class TaskCompleted(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class ResourceRegistered(Event):
-    TOPIC = "resources"
     resource_id: str
     endpoint: str
     device_kind: str
@@ -267,7 +257,6 @@ class ResourceRegistered(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class Heartbeat(Event):
-    TOPIC = "resources"
     resource_id: str
     activity: str
     weight_version: int
@@ -282,7 +271,6 @@ class Heartbeat(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class ResourceLost(Event):
-    TOPIC = "resources"
     resource_id: str
     reason: str
 
@@ -293,7 +281,6 @@ class ResourceLost(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class TagTransition(Event):
-    TOPIC = "scheduler"
     resource_id: str
     tag_kind: TagKind
     from_tags: tuple[str, ...] = ()
@@ -307,7 +294,6 @@ class TagTransition(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class Preemption(Event):
-    TOPIC = "scheduler"
     resource_id: str
     preempted_task: str
     by_task: str
@@ -321,7 +307,6 @@ class Preemption(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class Assignment(Event):
-    TOPIC = "scheduler"
     assignment_id: str
     task_kind: str
     resource_ids: tuple[str, ...] = ()
@@ -339,7 +324,6 @@ class Assignment(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class PauseRollout(Event):
-    TOPIC = "control"
     resource_id: str
     mode: PauseMode
     reason: str
@@ -351,7 +335,6 @@ class PauseRollout(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class ResumeRollout(Event):
-    TOPIC = "control"
     resource_id: str
     reason: str
 
@@ -362,7 +345,6 @@ class ResumeRollout(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class LoadWeights(Event):
-    TOPIC = "control"
     resource_id: str
     version: int
     uri: str
@@ -375,7 +357,6 @@ class LoadWeights(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class ControlAck(Event):
-    TOPIC = "control"
     resource_id: str
     command_id: str
     command: str
@@ -390,7 +371,6 @@ class ControlAck(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class WeightsPublished(Event):
-    TOPIC = "weights"
     model: str
     version: int
     uri: str
@@ -405,7 +385,6 @@ class WeightsPublished(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class WeightsLoaded(Event):
-    TOPIC = "weights"
     model: str
     resource_id: str
     version: int
@@ -422,7 +401,6 @@ class WeightsLoaded(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class TrainStepStarted(Event):
-    TOPIC = "train"
     run_id: str
     step: int
     policy_version: int
@@ -437,7 +415,6 @@ class TrainStepStarted(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class TrainStepCompleted(Event):
-    TOPIC = "train"
     run_id: str
     step: int
     new_version: int
@@ -457,7 +434,6 @@ class TrainStepCompleted(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class MetricSample(Event):
-    TOPIC = "metrics"
     service: str
     resource_id: str = ""
     name: str
@@ -471,7 +447,6 @@ class MetricSample(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class DeadLetter(Event):
-    TOPIC = "dlq"
     source_topic: str
     source_partition: int
     source_offset: int
@@ -504,7 +479,7 @@ _Converter = tuple[str, str, Callable[[Any], Any], Callable[[Any], Any]]
 
 
 @cache
-def _converters(cls: type) -> list[_Converter]:
+def _converters(cls: Any) -> list[_Converter]:
     """(attribute, avro field, to-avro, from-avro) per field, derived once from the type hints."""
     hints = typing.get_type_hints(cls)
     out: list[_Converter] = []
@@ -528,25 +503,23 @@ def _field_codec(hint: Any, packed_dtype: str | None) -> tuple[Callable[[Any], A
         enum_cls = hint
         return (lambda v: enum_cls(v).value), enum_cls
     if origin is tuple and args and dataclasses.is_dataclass(args[0]):
-        item = args[0]
+        item: Any = args[0]
         return (lambda v: [_to_record(x) for x in v]), (lambda v: tuple(_from_record(item, x) for x in v))
     if origin is tuple:
         return list, tuple
     if origin is dict:
         return dict, dict
-    if origin in (types.UnionType, typing.Union):
-        return _ident, _ident
     return _ident, _ident
 
 
 def _to_record(obj: Any) -> dict[str, Any]:
     try:
-        return {avro: enc(getattr(obj, attr)) for attr, avro, enc, _ in _converters(type(obj))}
+        return {avro: enc(getattr(obj, attr)) for attr, avro, enc, _ in _converters(obj.__class__)}
     except (TypeError, ValueError) as e:
         raise EncodeError(f"{type(obj).__name__}: {e}") from e
 
 
-def _from_record(cls: type[Any], record: dict[str, Any]) -> Any:
+def _from_record(cls: Any, record: dict[str, Any]) -> Any:
     try:
         return cls(**{attr: dec(record[avro]) for attr, avro, _, dec in _converters(cls)})
     except (KeyError, TypeError, ValueError) as e:

@@ -1,0 +1,208 @@
+"""Typed consumer: at-least-once with manual commits, undecodable or poison messages to the DLQ.
+
+A message is committed only after the handler processed it (or after the dead-letter topic
+acknowledged it), so a consumer killed at any point re-reads at most the messages it had not
+finished; it never skips one.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
+
+from bus.config import BusConfig
+from bus.errors import ConsumeError
+from bus.producer import EventProducer
+from schemas.errors import SchemaError
+from schemas.events import DeadLetter, Event, decode_event
+
+log = logging.getLogger("sflow.bus")
+
+
+@dataclass(frozen=True)
+class Received:
+    """A decoded event with where it was read from."""
+
+    event: Event
+    topic: str
+    partition: int
+    offset: int
+    key: str | None
+    timestamp_ms: int
+    raw: bytes = field(default=b"", repr=False, compare=False)
+
+
+def consumer_settings(config: BusConfig, group_id: str, **overrides: Any) -> dict[str, Any]:
+    return {
+        "bootstrap.servers": config.bootstrap_servers,
+        "client.id": config.client_id,
+        "group.id": group_id,
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "auto.offset.reset": "earliest",
+        "fetch.max.bytes": 64 * 1024 * 1024,
+        "max.partition.fetch.bytes": 32 * 1024 * 1024,
+        "isolation.level": "read_committed",
+        **config.extra,
+        **overrides,
+    }
+
+
+def fetch_ready(consumer: Consumer, max_messages: int, timeout_s: float) -> list[Message]:
+    """Waits up to `timeout_s` for one message, then takes whatever else is ready without waiting
+    (librdkafka's `consume(n, timeout)` alone would wait the whole timeout for n messages)."""
+    first = consumer.poll(timeout_s)
+    if first is None:
+        return []
+    return [first, *consumer.consume(max_messages - 1, 0)] if max_messages > 1 else [first]
+
+
+def to_received(msg: Message) -> Received:
+    """Decodes a Kafka message; raises SchemaError when it is not a valid event."""
+    value = msg.value()
+    if value is None:
+        raise SchemaError("message has no value (tombstone)")
+    key = msg.key()
+    return Received(
+        event=decode_event(value),
+        topic=msg.topic() or "",
+        partition=msg.partition() or 0,
+        offset=msg.offset() or 0,
+        key=key.decode("utf-8", "replace") if key is not None else None,
+        timestamp_ms=msg.timestamp()[1],
+        raw=value,
+    )
+
+
+class EventConsumer:
+    """Reads catalog topics as typed events for one consumer group."""
+
+    def __init__(
+        self,
+        config: BusConfig,
+        group_id: str,
+        topics: Iterable[str],
+        dlq: EventProducer | None = None,
+        **overrides: Any,
+    ) -> None:
+        self.config = config
+        self.group_id = group_id
+        self.topics = [config.topic(t) for t in topics]
+        self._dlq = dlq
+        self._owns_dlq = dlq is None
+        self._consumer = Consumer(consumer_settings(config, group_id, **overrides))
+        self._consumer.subscribe(self.topics)
+        self._pending: dict[tuple[str, int], int] = {}
+        self.dead_lettered = 0
+
+    def _dead_letter(
+        self, topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None, reason: str
+    ) -> None:
+        if self._dlq is None:
+            self._dlq = EventProducer(self.config, producer_id=f"{self.config.client_id}-dlq")
+        letter = DeadLetter(
+            source_topic=topic,
+            source_partition=partition,
+            source_offset=offset,
+            key_bytes=key,
+            value=value,
+            reason=reason,
+            consumer_group=self.group_id,
+            correlation_id=f"{topic}:{partition}:{offset}",
+        )
+        self._dlq.publish_sync(letter, topic=self.config.topic("dlq"))
+        self.dead_lettered += 1
+        log.warning("dead-lettered %s[%s]@%s: %s", topic, partition, offset, reason)
+
+    def poll(self, timeout_s: float = 1.0, max_messages: int = 500) -> list[Received]:
+        """Decoded events in partition order; undecodable ones are dead-lettered and marked done."""
+        try:
+            messages = fetch_ready(self._consumer, max_messages, timeout_s)
+        except KafkaException as e:
+            raise ConsumeError(str(e)) from e
+        out: list[Received] = []
+        for msg in messages:
+            err = msg.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    continue
+                if err.fatal():
+                    raise ConsumeError(err.str())
+                log.warning("consumer error: %s", err.str())
+                continue
+            try:
+                out.append(to_received(msg))
+            except SchemaError as e:
+                topic, partition, offset = msg.topic() or "", msg.partition() or 0, msg.offset() or 0
+                self._dead_letter(topic, partition, offset, msg.key(), msg.value(), f"undecodable: {e}")
+                self._mark(topic, partition, offset)
+        return out
+
+    def _mark(self, topic: str, partition: int, offset: int) -> None:
+        self._pending[(topic, partition)] = offset + 1
+
+    def mark_processed(self, received: Received) -> None:
+        """Records that the handler finished with `received`; `commit` then makes it durable."""
+        self._mark(received.topic, received.partition, received.offset)
+
+    def dead_letter(self, received: Received, reason: str) -> None:
+        """Sends a decodable message the handler cannot process (a poison message) to the DLQ."""
+        r = received
+        key = r.key.encode() if r.key is not None else None
+        self._dead_letter(r.topic, r.partition, r.offset, key, r.raw, reason)
+        self.mark_processed(received)
+
+    def commit(self) -> None:
+        """Synchronously commits every processed offset."""
+        if not self._pending:
+            return
+        offsets = [TopicPartition(t, p, o) for (t, p), o in self._pending.items()]
+        try:
+            self._consumer.commit(offsets=offsets, asynchronous=False)
+        except KafkaException as e:
+            raise ConsumeError(f"commit failed: {e}") from e
+        self._pending.clear()
+
+    def run(
+        self,
+        handle: Callable[[Received], None],
+        stop: threading.Event,
+        poll_timeout_s: float = 0.5,
+        on_idle: Callable[[], None] | None = None,
+    ) -> None:
+        """Handles events until `stop` is set; a handler exception dead-letters that message."""
+        while not stop.is_set():
+            batch = self.poll(poll_timeout_s)
+            for received in batch:
+                try:
+                    handle(received)
+                except Exception as e:  # a poison message must not stop the consumer
+                    log.exception("handler failed on %s@%d", received.topic, received.offset)
+                    self.dead_letter(received, f"handler failed: {type(e).__name__}: {e}")
+                    continue
+                self.mark_processed(received)
+            self.commit()
+            if not batch and on_idle is not None:
+                on_idle()
+
+    def seek_to_beginning(self) -> None:
+        for tp in self._consumer.assignment():
+            self._consumer.seek(TopicPartition(tp.topic, tp.partition, OFFSET_BEGINNING))
+
+    def close(self) -> None:
+        try:
+            self.commit()
+        finally:
+            self._consumer.close()
+            if self._owns_dlq and self._dlq is not None:
+                self._dlq.close()
+
+
+def unique_group(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"

@@ -1,0 +1,17 @@
+"""Errors of the `bus` package; confluent-kafka and Faust errors are converted at this boundary."""
+
+
+class BusError(Exception):
+    """Root of the package."""
+
+
+class PublishError(BusError):
+    """Kafka did not acknowledge an event: the caller must treat it as not recorded."""
+
+
+class ConsumeError(BusError):
+    """The consumer failed in a way it cannot skip (not a bad message: those go to the DLQ)."""
+
+
+class TopicError(BusError):
+    """A topic could not be created or does not exist."""

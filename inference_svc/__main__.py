@@ -1,0 +1,70 @@
+"""`python -m inference_svc --model-path DIR [--port 30000 ...]`: parse config -> build -> run.
+
+Every `InferenceConfig` field is a flag (`--max-running-requests 32`); `--sglang-arg=--flag` may repeat
+(write it with `=`, since its value starts with dashes).
+The native backend serves `create_app(config)` with uvicorn; the sglang backend launches SGLang on the
+same host/port and waits on it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from pydantic import ValidationError
+
+from inference_svc.config import InferenceConfig
+
+_STANDARD_RECORD_KEYS = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
+
+
+class KeyValueFormatter(logging.Formatter):
+    """`ts level logger message key=value ...`, the structured fields coming from `extra=`."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        base = super().format(record)
+        fields = {k: v for k, v in record.__dict__.items() if k not in _STANDARD_RECORD_KEYS}
+        return base + "".join(f" {k}={v}" for k, v in fields.items())
+
+
+def parse_config(argv: list[str] | None = None) -> InferenceConfig:
+    parser = argparse.ArgumentParser(prog="python -m inference_svc", description=__doc__.splitlines()[0])
+    for name, field in InferenceConfig.model_fields.items():
+        flag = "--" + name.replace("_", "-")
+        if name == "sglang_args":
+            parser.add_argument("--sglang-arg", dest=name, action="append", default=argparse.SUPPRESS,
+                                help=field.description)
+        else:
+            parser.add_argument(flag, dest=name, default=argparse.SUPPRESS, required=field.is_required(),
+                                help=f"{field.description} (default: {field.default})")
+    values = vars(parser.parse_args(argv))
+    try:
+        return InferenceConfig.model_validate(values)
+    except ValidationError as e:
+        parser.error(str(e))
+        raise  # unreachable: parser.error exits
+
+
+def main(argv: list[str] | None = None) -> None:
+    config = parse_config(argv)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(KeyValueFormatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    logging.basicConfig(level=config.log_level.upper(), handlers=[handler])
+    if config.backend == "sglang":
+        from inference_svc.sglang_backend import SGLangServer
+
+        server = SGLangServer(config).start()
+        try:
+            sys.exit(server.wait())
+        finally:
+            server.stop()
+    import uvicorn
+
+    from inference_svc.app import create_app
+
+    uvicorn.run(create_app(config), host=config.host, port=config.port, log_level=config.log_level)
+
+
+if __name__ == "__main__":
+    main()

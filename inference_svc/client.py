@@ -1,0 +1,209 @@
+"""Async HTTP client of SGLang's native API, for the native engine's app and for SGLang itself.
+
+`InferenceClient` is what the agents adapter uses (token-in / token-out `generate`, plus the control
+calls). `RemoteEngineControl` gives the synchronous `EngineControl` surface the controller drives
+(pause / resume / load weights / abort) for an engine that lives in another process, by running the
+async client on a private event-loop thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+
+from inference_svc.engine import WeightUpdateResult
+from inference_svc.errors import InferenceHTTPError
+from inference_svc.protocol import (
+    ControlResponse,
+    GenerateRequest,
+    GenerateResponse,
+    ModelInfoResponse,
+    SamplingParams,
+    UpdateWeightsFromDiskResponse,
+)
+
+_T = TypeVar("_T")
+
+
+def generate_payload(
+    input_ids: list[int],
+    sampling_params: SamplingParams | dict[str, Any] | None = None,
+    *,
+    rid: str | None = None,
+    return_logprob: bool = True,
+) -> dict[str, Any]:
+    """The /generate JSON body, validated by our protocol model (the same body SGLang accepts)."""
+    params = (
+        sampling_params
+        if isinstance(sampling_params, SamplingParams)
+        else SamplingParams(**(sampling_params or {}))
+    )
+    if params.seed is not None:  # SGLang only knows sampling_seed
+        params = params.model_copy(update={"sampling_seed": params.seed, "seed": None})
+    request = GenerateRequest(input_ids=input_ids, sampling_params=params, rid=rid, return_logprob=return_logprob)
+    return request.model_dump(exclude_none=True, exclude_defaults=True) | {"input_ids": input_ids}
+
+
+class InferenceClient:
+    """One inference server (native or SGLang) at `base_url`."""
+
+    def __init__(
+        self, base_url: str, *, timeout_s: float = 600.0, transport: httpx.AsyncBaseTransport | None = None
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout_s, transport=transport)
+
+    async def __aenter__(self) -> InferenceClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> httpx.Response:
+        try:
+            response = await self._http.request(method, path, json=body)
+        except httpx.HTTPError as e:
+            raise InferenceHTTPError(503, "connection_error", f"{method} {self.base_url}{path}: {e!r}") from e
+        if response.status_code >= 400:
+            raise _http_error(response)
+        return response
+
+    async def generate(
+        self,
+        input_ids: list[int],
+        sampling_params: SamplingParams | dict[str, Any] | None = None,
+        *,
+        rid: str | None = None,
+        return_logprob: bool = True,
+    ) -> GenerateResponse:
+        """Token-in / token-out generation. finish_type 'abort' carries the partial output."""
+        payload = generate_payload(input_ids, sampling_params, rid=rid, return_logprob=return_logprob)
+        response = await self._call("POST", "/generate", payload)
+        return GenerateResponse.model_validate(response.json())
+
+    async def pause(self, mode: str = "abort") -> ControlResponse:
+        response = await self._call("POST", "/pause_generation", {"mode": mode})
+        return ControlResponse.model_validate(response.json())
+
+    async def resume(self) -> ControlResponse:
+        response = await self._call("POST", "/continue_generation", {})
+        return ControlResponse.model_validate(response.json())
+
+    async def update_weights_from_disk(
+        self, model_path: Path | str, weight_version: int | None = None, *, abort_all_requests: bool = False
+    ) -> UpdateWeightsFromDiskResponse:
+        body: dict[str, Any] = {"model_path": str(model_path), "abort_all_requests": abort_all_requests}
+        if weight_version is not None:
+            body["weight_version"] = str(weight_version)
+        response = await self._call("POST", "/update_weights_from_disk", body)
+        return UpdateWeightsFromDiskResponse.model_validate(response.json())
+
+    async def abort(self, rid: str = "", *, abort_all: bool = False) -> int:
+        """Number of requests aborted; -1 when the server does not say (SGLang answers an empty 200)."""
+        response = await self._call("POST", "/abort_request", {"rid": rid, "abort_all": abort_all})
+        try:
+            return int(response.json()["num_aborted"])
+        except (ValueError, KeyError, TypeError):
+            return -1
+
+    async def health(self) -> bool:
+        try:
+            response = await self._http.get("/health_generate")
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200
+
+    async def model_info(self) -> ModelInfoResponse:
+        response = await self._call("GET", "/model_info")
+        return ModelInfoResponse.model_validate(response.json())
+
+    async def weight_version(self) -> str | None:
+        return (await self.model_info()).weight_version
+
+    async def flush_cache(self) -> bool:
+        try:
+            await self._call("POST", "/flush_cache")
+        except InferenceHTTPError as e:
+            if e.status_code == 400:
+                return False
+            raise
+        return True
+
+
+def _http_error(response: httpx.Response) -> InferenceHTTPError:
+    try:
+        body = response.json()
+    except ValueError:
+        return InferenceHTTPError(response.status_code, "http_error", response.text[:500])
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        error = body["error"]
+        return InferenceHTTPError(response.status_code, str(error.get("type")), str(error.get("message")))
+    if isinstance(body, dict) and "message" in body:
+        return InferenceHTTPError(response.status_code, "http_error", str(body["message"]))
+    return InferenceHTTPError(response.status_code, "http_error", str(body)[:500])
+
+
+class RemoteEngineControl:
+    """Synchronous `EngineControl` over HTTP (for the controller driving SGLang or a remote engine)."""
+
+    def __init__(self, base_url: str, *, timeout_s: float = 600.0) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="engine-control", daemon=True)
+        self._thread.start()
+        self._client = InferenceClient(base_url, timeout_s=timeout_s)
+        self._last_version: int | None = None
+
+    def _run(self, coro: Coroutine[Any, Any, _T]) -> _T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def pause(self, mode: str = "in_place") -> int:
+        held = self._run(self._client.pause(mode)).num_requests
+        return -1 if held is None else held
+
+    def resume(self) -> None:
+        self._run(self._client.resume())
+
+    def update_weights_from_disk(
+        self, model_path: Path | str, weight_version: int | None = None, *, abort_all_requests: bool = False
+    ) -> WeightUpdateResult:
+        started = time.perf_counter()
+        response = self._run(
+            self._client.update_weights_from_disk(model_path, weight_version, abort_all_requests=abort_all_requests)
+        )
+        elapsed_ms = (time.perf_counter() - started) * 1000
+        version = int(response.weight_version) if response.weight_version else (weight_version or -1)
+        self._last_version = version
+        return WeightUpdateResult(
+            success=response.success,
+            message=response.message,
+            weight_version=version,
+            load_ms=response.load_ms if response.load_ms is not None else elapsed_ms,
+            apply_ms=response.apply_ms or 0.0,
+            num_paused_requests=response.num_paused_requests,
+        )
+
+    def abort_all(self) -> int:
+        return self._run(self._client.abort(abort_all=True))
+
+    @property
+    def weight_version(self) -> int:
+        reported = self._run(self._client.weight_version())
+        try:
+            return int(reported or "")
+        except ValueError:
+            return self._last_version if self._last_version is not None else -1
+
+    def close(self) -> None:
+        self._run(self._client.aclose())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+        self._loop.close()

@@ -1,0 +1,103 @@
+"""Configuration of one inference service instance (one rollout resource).
+
+Validated at start-up: a bad value raises `pydantic.ValidationError`, whose message names the field
+and the offending input (e.g. ``max_context  Input should be greater than or equal to 2
+[input_value=1]``).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+_DEVICE_RE = re.compile(r"^(cpu|cuda(:\d+)?)$")
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+class InferenceConfig(BaseModel):
+    """What `python -m inference_svc` needs to serve one model on one resource."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model_path: Path = Field(
+        description="Local Hugging Face model directory (config.json + safetensors). Nothing is downloaded."
+    )
+    resource_id: str = Field(
+        default="rollout-0", min_length=1, description="Name of this resource in the scheduler's pool."
+    )
+    backend: Literal["native", "sglang"] = Field(
+        default="native",
+        description="native = the torch engine of this package (CPU or GPU); sglang = launch SGLang (GPU).",
+    )
+    host: str = Field(default="127.0.0.1", description="Interface the HTTP server binds to.")
+    port: int = Field(default=30000, ge=0, le=65535, description="HTTP port (0 = pick a free one).")
+    max_running_requests: int = Field(
+        default=64, ge=1, le=4096, description="Sequences decoded together; more requests wait in a queue."
+    )
+    max_context: int = Field(
+        default=4096,
+        ge=2,
+        description="Longest prompt + output in tokens (capped by the model's max_position_embeddings).",
+    )
+    device: str = Field(default="cpu", description="torch device of the native engine: cpu, cuda, cuda:N.")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        default="float32", description="Weights and KV-cache dtype of the native engine."
+    )
+    seed: int = Field(
+        default=0, description="Seeds requests that carry no sampling_seed, so a run is reproducible."
+    )
+    weight_version: int = Field(
+        default=0, ge=0, description="Policy version of the weights in model_path at start-up."
+    )
+    num_threads: int | None = Field(
+        default=None, ge=1, description="torch intra-op threads for the native engine (None = torch default)."
+    )
+    kv_initial_tokens: int = Field(
+        default=256, ge=16, description="Initial KV-cache length per slot; it doubles as needed up to max_context."
+    )
+    peak_flops: float | None = Field(
+        default=None, gt=0, description="Declared peak FLOP/s of the resource (None = measure or look up)."
+    )
+    hbm_bandwidth: float | None = Field(
+        default=None, gt=0, description="Declared memory bandwidth in bytes/s (None = measure or look up)."
+    )
+    memory_bytes: int | None = Field(
+        default=None, gt=0, description="Declared device memory in bytes (None = ask the device)."
+    )
+    sglang_args: tuple[str, ...] = Field(
+        default=(), description="Extra command-line flags passed to `sglang.launch_server`."
+    )
+    sglang_startup_timeout_s: float = Field(
+        default=900.0, gt=0, description="How long to wait for SGLang's /health_generate after launch."
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = Field(default="info", description="Log level.")
+
+    @field_validator("model_path")
+    @classmethod
+    def _model_dir_exists(cls, value: Path) -> Path:
+        if not value.is_dir():
+            raise ValueError(f"model_path={str(value)!r} is not a directory")
+        if not (value / "config.json").is_file():
+            raise ValueError(f"model_path={str(value)!r} has no config.json (not a Hugging Face model dir)")
+        return value
+
+    @field_validator("device")
+    @classmethod
+    def _known_device(cls, value: str) -> str:
+        if not _DEVICE_RE.match(value):
+            raise ValueError(f"device={value!r}: expected cpu, cuda or cuda:N")
+        return value
+
+    @field_validator("host")
+    @classmethod
+    def _non_empty_host(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("host='' : give an interface such as 127.0.0.1")
+        return value
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"

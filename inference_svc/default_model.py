@@ -1,0 +1,163 @@
+"""The project's default model: a small random Qwen3 with a byte-level tokenizer and a ChatML template.
+
+Nothing is downloaded: the tokenizer is built here with the `tokenizers` library (every UTF-8 byte is
+one token, so any text round-trips and token ids are stable across machines), and the weights are a
+seeded random init. `python -m inference_svc.default_model --out DIR` writes a normal Hugging Face
+directory that `AutoTokenizer` / `AutoModelForCausalLM.from_pretrained(DIR)` load offline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from dataclasses import asdict, dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import torch
+
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+END_OF_TEXT = "<|endoftext|>"
+PAD = "<|pad|>"
+TOOL_MARKERS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>")
+SPECIAL_TOKENS = (END_OF_TEXT, IM_START, IM_END, PAD, *TOOL_MARKERS)
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
+
+
+@dataclass(frozen=True)
+class DefaultModelSpec:
+    """Shape of the default model; the defaults give ~0.8M parameters."""
+
+    hidden_size: int = 128
+    intermediate_size: int = 384
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int = 32
+    max_position_embeddings: int = 4096
+    initializer_range: float = 0.05
+    seed: int = 0
+
+
+def chat_template() -> str:
+    """The ChatML template shipped in this package."""
+    return resources.files("inference_svc").joinpath(CHAT_TEMPLATE_FILE).read_text(encoding="utf-8")
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """Byte -> printable character map used by byte-level BPE, so ids 0..255 are the byte values."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    mapping = {b: chr(b) for b in printable}
+    shift = 0
+    for b in range(256):
+        if b not in mapping:
+            mapping[b] = chr(256 + shift)
+            shift += 1
+    return mapping
+
+
+def build_tokenizer() -> Any:
+    """Byte-level tokenizer (a PreTrainedTokenizerFast): ids 0..255 are bytes, then the special tokens."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {char: byte for byte, char in _bytes_to_unicode().items()}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
+    backend.add_special_tokens([AddedToken(tok, special=True, normalized=False) for tok in SPECIAL_TOKENS])
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        eos_token=IM_END,
+        pad_token=PAD,
+        additional_special_tokens=[END_OF_TEXT, IM_START, *TOOL_MARKERS],
+        clean_up_tokenization_spaces=False,
+        model_max_length=DefaultModelSpec.max_position_embeddings,
+    )
+    tokenizer.chat_template = chat_template()
+    return tokenizer
+
+
+def create_default_model(out_dir: Path, spec: DefaultModelSpec | None = None) -> Path:
+    """Write the default model (config, safetensors, tokenizer, generation config) to `out_dir`."""
+    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+
+    spec = spec or DefaultModelSpec()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer()
+    eos_ids = [tokenizer.convert_tokens_to_ids(IM_END), tokenizer.convert_tokens_to_ids(END_OF_TEXT)]
+    config = Qwen3Config(
+        vocab_size=len(tokenizer),
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_hidden_layers,
+        num_attention_heads=spec.num_attention_heads,
+        num_key_value_heads=spec.num_key_value_heads,
+        head_dim=spec.head_dim,
+        max_position_embeddings=spec.max_position_embeddings,
+        initializer_range=spec.initializer_range,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=eos_ids[0],
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(spec.seed)
+    model = Qwen3ForCausalLM(config)
+    model.generation_config = GenerationConfig(
+        eos_token_id=eos_ids, pad_token_id=tokenizer.pad_token_id, do_sample=True, temperature=1.0, top_p=1.0
+    )
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir, save_jinja_files=False)
+    (out_dir / "seamlessflow_model.json").write_text(json.dumps({"spec": asdict(spec)}, indent=2) + "\n")
+    return out_dir
+
+
+def write_perturbed_checkpoint(src_dir: Path, out_dir: Path, noise_std: float = 0.02, seed: int = 1) -> Path:
+    """Copy a model directory with Gaussian noise added to every weight: a stand-in for a trainer step.
+
+    Used by tests and benchmarks to exercise weight hot-swaps without running the trainer.
+    """
+    from safetensors.torch import load_file, save_file
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    generator = torch.Generator().manual_seed(seed)
+    for path in src_dir.iterdir():
+        if path.is_file() and path.suffix != ".safetensors":
+            shutil.copy2(path, out_dir / path.name)
+    for shard in sorted(src_dir.glob("*.safetensors")):
+        tensors = load_file(str(shard))
+        noisy = {
+            name: (t + noise_std * torch.randn(t.shape, generator=generator, dtype=torch.float32).to(t.dtype))
+            if t.is_floating_point()
+            else t
+            for name, t in tensors.items()
+        }
+        save_file({k: v.contiguous() for k, v in noisy.items()}, str(out_dir / shard.name), metadata={"format": "pt"})
+    return out_dir
+
+
+def _parse_args(argv: list[str] | None) -> tuple[Path, DefaultModelSpec]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--out", type=Path, required=True, help="directory to write (created if missing)")
+    defaults = DefaultModelSpec()
+    for name, value in asdict(defaults).items():
+        parser.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value)
+    args = parser.parse_args(argv)
+    spec = DefaultModelSpec(**{name: getattr(args, name) for name in asdict(defaults)})
+    return args.out, spec
+
+
+def main(argv: list[str] | None = None) -> None:
+    out_dir, spec = _parse_args(argv)
+    create_default_model(out_dir, spec)
+    from safetensors.torch import load_file
+
+    n_params = sum(t.numel() for t in load_file(str(out_dir / "model.safetensors")).values())
+    print(f"default model written to {out_dir} ({n_params / 1e6:.2f}M parameters)")
+
+
+if __name__ == "__main__":
+    main()

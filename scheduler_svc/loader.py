@@ -1,0 +1,327 @@
+"""Streaming data loader core: the task dataset and the ledger of every dispatched GRPO group.
+
+Tasks are handed out one group at a time whenever the scheduler grants capacity (never in fixed
+batches). The ledger follows each group through dispatched -> completed -> fed to a train step ->
+consumed, so the rollout manager can pick train batches and enforce the staleness bound.
+
+Restart safety: the cursor and the ledger are rebuilt by applying the recorded TaskDispatched /
+SampleCompleted / TaskCompleted / TrainData / Preemption / TrainStepCompleted records, so a task is
+never dispatched twice and an in-flight task is never forgotten. Duplicate sample reports (Kafka
+delivers at least once) are ignored.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, overload
+
+from scheduler_svc.decisions import (
+    Preemption,
+    Record,
+    SampleCompleted,
+    TaskCompleted,
+    TaskDispatched,
+    TrainData,
+    TrainStepCompleted,
+)
+from scheduler_svc.errors import ConfigError, LoaderError, ReplayError
+from scheduler_svc.tags import TRAIN
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    task_id: str
+    payload: Mapping[str, Any]
+
+
+class TaskDataset(Sequence[Task]):
+    """An ordered, id-unique list of tasks (JSONL or Parquet rows, or in-memory records)."""
+
+    def __init__(self, tasks: Iterable[Task]) -> None:
+        self._tasks = list(tasks)
+        seen: set[str] = set()
+        for task in self._tasks:
+            if task.task_id in seen:
+                raise LoaderError(f"duplicate task id {task.task_id!r} in dataset")
+            seen.add(task.task_id)
+
+    @classmethod
+    def from_records(cls, records: Iterable[Mapping[str, Any]], *, id_field: str = "task_id") -> TaskDataset:
+        """Rows without `id_field` get the id `row-<index>` (stable as long as the file is)."""
+        tasks = []
+        for index, row in enumerate(records):
+            if not isinstance(row, Mapping):
+                raise LoaderError(f"row {index} is a {type(row).__name__}, expected an object")
+            raw_id = row.get(id_field, f"row-{index}")
+            tasks.append(Task(str(raw_id), dict(row)))
+        return cls(tasks)
+
+    @classmethod
+    def from_jsonl(cls, path: str | Path, *, id_field: str = "task_id") -> TaskDataset:
+        rows: list[Mapping[str, Any]] = []
+        try:
+            with open(path, encoding="utf-8") as f:
+                for line_no, line in enumerate(f, start=1):
+                    if not line.strip():
+                        continue
+                    try:
+                        rows.append(json.loads(line))
+                    except json.JSONDecodeError as e:
+                        raise LoaderError(f"{path}:{line_no}: not JSON ({e.msg})") from e
+        except OSError as e:
+            raise LoaderError(f"cannot read task dataset {path}: {e}") from e
+        return cls.from_records(rows, id_field=id_field)
+
+    @classmethod
+    def from_parquet(cls, path: str | Path, *, id_field: str = "task_id") -> TaskDataset:
+        try:
+            import pyarrow.parquet as pq
+        except ImportError as e:  # optional dependency
+            raise LoaderError("reading Parquet task datasets needs pyarrow") from e
+        try:
+            table = pq.read_table(path)
+        except (OSError, ValueError) as e:
+            raise LoaderError(f"cannot read task dataset {path}: {e}") from e
+        return cls.from_records(table.to_pylist(), id_field=id_field)
+
+    @classmethod
+    def from_path(cls, path: str | Path, *, id_field: str = "task_id") -> TaskDataset:
+        suffix = Path(path).suffix.lower()
+        if suffix in (".jsonl", ".json", ".ndjson"):
+            return cls.from_jsonl(path, id_field=id_field)
+        if suffix in (".parquet", ".pq"):
+            return cls.from_parquet(path, id_field=id_field)
+        raise LoaderError(f"task dataset {path}: unknown format {suffix!r} (use .jsonl or .parquet)")
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    @overload
+    def __getitem__(self, index: int) -> Task: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Task]: ...
+    def __getitem__(self, index: int | slice) -> Task | Sequence[Task]:
+        return self._tasks[index]
+
+    def __iter__(self) -> Iterator[Task]:
+        return iter(self._tasks)
+
+
+@dataclass
+class GroupState:
+    group_id: str
+    task_id: str
+    position: int
+    n_samples: int
+    policy_version: int
+    done: set[int] = field(default_factory=set)
+    tokens: int = 0
+    completed: bool = False
+    assignment_id: str | None = None
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "task_id": self.task_id,
+            "position": self.position,
+            "n_samples": self.n_samples,
+            "policy_version": self.policy_version,
+            "done": tuple(sorted(self.done)),
+            "tokens": self.tokens,
+            "completed": self.completed,
+            "assignment_id": self.assignment_id,
+        }
+
+
+class StreamingDataLoader:
+    def __init__(self, tasks: Sequence[Task], *, samples_per_task: int, epochs: int = 1) -> None:
+        if samples_per_task < 1:
+            raise ConfigError(f"samples_per_task must be >= 1, got {samples_per_task!r}")
+        if epochs < 1:
+            raise ConfigError(f"epochs must be >= 1, got {epochs!r}")
+        self.tasks = tasks
+        self.samples_per_task = samples_per_task
+        self.epochs = epochs
+        self.cursor = 0
+        self.groups: dict[str, GroupState] = {}  # live groups: dispatched and not yet consumed
+        self.consumed: set[str] = set()
+        self.ready: dict[str, GroupState] = {}  # completed, not fed to a train step
+        self.inflight_unassigned: Counter[int] = Counter()  # policy_version -> groups still rolling out
+        self.ready_by_version: Counter[int] = Counter()  # policy_version -> groups in `ready`
+        self.inflight_unassigned_total = 0
+        self.by_assignment: dict[str, list[str]] = {}
+        self.inflight_samples = 0
+        self.unassigned_outstanding = 0  # dispatched groups not yet fed to a train step
+        self.completed_total = 0
+        self.ignored_samples = 0
+
+    # ---------------------------------------------------------------------------------- queries
+
+    @property
+    def total_positions(self) -> int:
+        return len(self.tasks) * self.epochs
+
+    def remaining(self) -> int:
+        return self.total_positions - self.cursor
+
+    def exhausted(self) -> bool:
+        return self.cursor >= self.total_positions
+
+    def inflight_unassigned_at_or_below(self, version: int) -> int:
+        if version < 0:
+            return 0
+        return sum(n for v, n in self.inflight_unassigned.items() if v <= version)
+
+    def ready_at_or_below(self, version: int) -> int:
+        if version < 0:
+            return 0
+        return sum(n for v, n in self.ready_by_version.items() if v <= version)
+
+    def ready_sorted(self) -> list[GroupState]:
+        """Completed groups not yet trained on, oldest policy version first, then dispatch order."""
+        return sorted(self.ready.values(), key=lambda g: (g.policy_version, g.position))
+
+    # ---------------------------------------------------------------------------------- planners
+
+    def plan_dispatch(self, n_groups: int, policy_version: int) -> list[TaskDispatched]:
+        out = []
+        for position in range(self.cursor, min(self.cursor + max(n_groups, 0), self.total_positions)):
+            task = self.tasks[position % len(self.tasks)]
+            epoch = position // len(self.tasks)
+            out.append(
+                TaskDispatched(
+                    task_id=task.task_id,
+                    group_id=f"{task.task_id}@{epoch}",
+                    n_samples=self.samples_per_task,
+                    payload=task.payload,
+                    policy_version=policy_version,
+                    position=position,
+                )
+            )
+        return out
+
+    def plan_completion(self, group_id: str) -> list[TaskCompleted]:
+        g = self.groups.get(group_id)
+        if g is None or g.completed or len(g.done) < g.n_samples:
+            return []
+        return [TaskCompleted(g.task_id, g.group_id, g.n_samples, g.policy_version, g.tokens)]
+
+    # ---------------------------------------------------------------------------------- evolve
+
+    def apply(self, record: Record) -> None:
+        handler = _APPLY.get(type(record))
+        if handler is not None:
+            handler(self, record)
+
+    def _apply_dispatched(self, d: TaskDispatched) -> None:
+        if d.group_id in self.groups or d.group_id in self.consumed:
+            raise ReplayError(f"group {d.group_id!r} dispatched twice")
+        if d.position != self.cursor:
+            raise ReplayError(f"dispatch at position {d.position} but the loader cursor is {self.cursor}")
+        self.groups[d.group_id] = GroupState(d.group_id, d.task_id, d.position, d.n_samples, d.policy_version)
+        self.cursor = d.position + 1
+        self.inflight_samples += d.n_samples
+        self._add_inflight(d.policy_version)
+        self.unassigned_outstanding += 1
+
+    def _apply_sample(self, obs: SampleCompleted) -> None:
+        g = self.groups.get(obs.group_id)
+        if g is None or g.completed or obs.sample_index in g.done or not 0 <= obs.sample_index < g.n_samples:
+            self.ignored_samples += 1
+            return
+        g.done.add(obs.sample_index)
+        g.tokens += obs.n_tokens
+        self.inflight_samples -= 1
+
+    def _apply_completed(self, d: TaskCompleted) -> None:
+        g = self.groups.get(d.group_id)
+        if g is None or g.completed:
+            raise ReplayError(f"completion of unknown or already completed group {d.group_id!r}")
+        g.completed = True
+        self.completed_total += 1
+        # Samples never reported individually (a shell that only reports whole groups) leave flight too.
+        self.inflight_samples -= g.n_samples - len(g.done)
+        g.done = set(range(g.n_samples))
+        if g.assignment_id is None:
+            self._drop_inflight(g.policy_version)
+            self._add_ready(g)
+
+    def _add_inflight(self, version: int) -> None:
+        self.inflight_unassigned[version] += 1
+        self.inflight_unassigned_total += 1
+
+    def _drop_inflight(self, version: int) -> None:
+        self.inflight_unassigned_total -= 1
+        self.inflight_unassigned[version] -= 1
+        if self.inflight_unassigned[version] <= 0:
+            del self.inflight_unassigned[version]
+
+    def _add_ready(self, g: GroupState) -> None:
+        self.ready[g.group_id] = g
+        self.ready_by_version[g.policy_version] += 1
+
+    def _drop_ready(self, g: GroupState) -> None:
+        del self.ready[g.group_id]
+        self.ready_by_version[g.policy_version] -= 1
+        if self.ready_by_version[g.policy_version] <= 0:
+            del self.ready_by_version[g.policy_version]
+
+    def _apply_train_data(self, d: TrainData) -> None:
+        fed = self.by_assignment.setdefault(d.assignment_id, [])
+        for gid in d.group_ids:
+            g = self.groups.get(gid)
+            if g is None or g.assignment_id is not None:
+                raise ReplayError(f"group {gid!r} fed to {d.assignment_id!r} but it is not available")
+            g.assignment_id = d.assignment_id
+            self.unassigned_outstanding -= 1
+            if g.completed:
+                self._drop_ready(g)
+            else:
+                self._drop_inflight(g.policy_version)
+            fed.append(gid)
+
+    def _apply_preemption(self, d: Preemption) -> None:
+        if d.task_kind != TRAIN:
+            return
+        for gid in self.by_assignment.pop(d.assignment_id, []):
+            g = self.groups[gid]
+            g.assignment_id = None
+            self.unassigned_outstanding += 1
+            if g.completed:
+                self._add_ready(g)
+            else:
+                self._add_inflight(g.policy_version)
+
+    def _apply_step_completed(self, obs: TrainStepCompleted) -> None:
+        for gid in self.by_assignment.pop(obs.assignment_id, []):
+            self.groups.pop(gid, None)
+            self.consumed.add(gid)
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "cursor": self.cursor,
+            "groups": {gid: g.snapshot() for gid, g in self.groups.items()},
+            "consumed": tuple(sorted(self.consumed)),
+            "ready": tuple(sorted(self.ready)),
+            "inflight_unassigned": dict(sorted(self.inflight_unassigned.items())),
+            "ready_by_version": dict(sorted(self.ready_by_version.items())),
+            "inflight_unassigned_total": self.inflight_unassigned_total,
+            "by_assignment": {aid: tuple(gids) for aid, gids in self.by_assignment.items()},
+            "inflight_samples": self.inflight_samples,
+            "unassigned_outstanding": self.unassigned_outstanding,
+            "completed_total": self.completed_total,
+            "ignored_samples": self.ignored_samples,
+        }
+
+
+_APPLY: dict[type, Any] = {
+    TaskDispatched: StreamingDataLoader._apply_dispatched,
+    SampleCompleted: StreamingDataLoader._apply_sample,
+    TaskCompleted: StreamingDataLoader._apply_completed,
+    TrainData: StreamingDataLoader._apply_train_data,
+    Preemption: StreamingDataLoader._apply_preemption,
+    TrainStepCompleted: StreamingDataLoader._apply_step_completed,
+}

@@ -1,0 +1,164 @@
+"""Tag policies as data: which capability tags each resource gets, and the train/rollout rule.
+
+A policy is an ordered list of tag groups plus three knobs; the scheduler has one code path for all
+of them. Groups are filled in order from the alive resources ranked by the placement rule (by
+`train_priority` on heterogeneous pools), so the first group, the one that carries `train`, lands on
+the compute-rich devices. The switching rule is the same for every policy:
+
+* every resource with the `rollout` tag rolls out while it is not training;
+* when enough samples are ready, *all* alive `train`-tagged resources are assigned the SPMD train
+  step; those that were rolling out are preempted (partial outputs migrate to the others);
+* when the step ends, `train`-tagged resources that also carry `rollout` load the new weights and
+  go back to rollout; the others wait idle for the next step.
+
+`max_staleness` is the bound on the policy-version lag of trained data (AReaL's
+max_head_offpolicyness): 0 = synchronous on-policy, 1 = one-step asynchronous. `train_microbatches`
+> 1 lets a train step start on the first micro-batch and stream the rest in (DeepCoder-style).
+
+Colocated, disaggregated and spatiotemporal multiplexing are just three tag layouts of this model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from scheduler_svc.errors import ConfigError
+from scheduler_svc.tags import CAPABILITIES, CRITIC, REFERENCE, ROLLOUT, TRAIN
+
+PLACEMENTS = ("train_priority", "registration_order")
+
+
+class Placeable(Protocol):
+    """What placement needs to know about a resource (the pool's Resource satisfies it)."""
+
+    @property
+    def resource_id(self) -> str: ...
+    @property
+    def train_priority(self) -> float: ...
+    @property
+    def registered_seq(self) -> int: ...
+    @property
+    def capabilities(self) -> frozenset[str]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class TagGroup:
+    """`count` resources (None: all remaining ones) get exactly `tags`."""
+
+    tags: frozenset[str]
+    count: int | None = None
+
+    def __post_init__(self) -> None:
+        unknown = set(self.tags) - CAPABILITIES
+        if unknown:
+            raise ConfigError(f"TagGroup.tags has unknown capability tags {sorted(unknown)!r}")
+        if not self.tags:
+            raise ConfigError("TagGroup.tags must not be empty")
+        if self.count is not None and self.count < 1:
+            raise ConfigError(f"TagGroup.count must be >= 1 or None, got {self.count!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class TagPolicy:
+    name: str
+    groups: tuple[TagGroup, ...]
+    max_staleness: int = 0
+    train_microbatches: int = 1
+    placement: str = "train_priority"
+    strict_staleness: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.groups:
+            raise ConfigError(f"TagPolicy {self.name!r}: groups must not be empty")
+        if self.max_staleness < 0:
+            raise ConfigError(f"TagPolicy.max_staleness must be >= 0, got {self.max_staleness!r}")
+        if self.train_microbatches < 1:
+            raise ConfigError(f"TagPolicy.train_microbatches must be >= 1, got {self.train_microbatches!r}")
+        if self.placement not in PLACEMENTS:
+            raise ConfigError(f"TagPolicy.placement must be one of {PLACEMENTS}, got {self.placement!r}")
+        all_tags = set().union(*(g.tags for g in self.groups))
+        for needed in (ROLLOUT, TRAIN):
+            if needed not in all_tags:
+                raise ConfigError(f"TagPolicy {self.name!r}: no group carries the {needed!r} tag")
+
+    def place(self, resources: Iterable[Placeable]) -> dict[str, frozenset[str]]:
+        """Desired capability tags of each given (alive) resource.
+
+        Deterministic and sticky: among equally ranked resources the ones already holding a group's
+        tags keep them, so a join or a loss moves as few tags as possible.
+        """
+        remaining = list(resources)
+        desired: dict[str, frozenset[str]] = {}
+        for group in self.groups:
+            if not remaining:
+                break
+            if self.placement == "train_priority":
+                remaining.sort(key=lambda r: (-r.train_priority, r.capabilities != group.tags, r.registered_seq))
+            else:
+                remaining.sort(key=lambda r: (r.capabilities != group.tags, r.registered_seq))
+            take = len(remaining) if group.count is None else min(group.count, len(remaining))
+            for r in remaining[:take]:
+                desired[r.resource_id] = group.tags
+            remaining = remaining[take:]
+        return desired
+
+    def describe(self) -> Mapping[str, object]:
+        return {
+            "name": self.name,
+            "groups": [(sorted(g.tags), g.count) for g in self.groups],
+            "max_staleness": self.max_staleness,
+            "train_microbatches": self.train_microbatches,
+            "placement": self.placement,
+        }
+
+
+def _train_tags(with_critic: bool) -> frozenset[str]:
+    return frozenset({TRAIN, REFERENCE, CRITIC} if with_critic else {TRAIN, REFERENCE})
+
+
+def colocated(*, max_staleness: int = 0, with_critic: bool = False) -> TagPolicy:
+    """verl-style: every resource carries every tag; rollout and train alternate on all of them."""
+    tags = _train_tags(with_critic) | {ROLLOUT}
+    return TagPolicy("colocated", (TagGroup(tags, None),), max_staleness=max_staleness)
+
+
+def disaggregated(
+    train_resources: int,
+    *,
+    max_staleness: int = 0,
+    train_microbatches: int = 1,
+    with_critic: bool = False,
+    placement: str = "train_priority",
+) -> TagPolicy:
+    """OpenRLHF-style: `train_resources` only train, the rest only roll out."""
+    return TagPolicy(
+        "disaggregated",
+        (TagGroup(_train_tags(with_critic), train_resources), TagGroup(frozenset({ROLLOUT}), None)),
+        max_staleness=max_staleness,
+        train_microbatches=train_microbatches,
+        placement=placement,
+    )
+
+
+def spatiotemporal(
+    train_resources: int,
+    *,
+    max_staleness: int = 1,
+    train_microbatches: int = 1,
+    with_critic: bool = False,
+    placement: str = "train_priority",
+) -> TagPolicy:
+    """SeamlessFlow: `train_resources` carry {rollout, train}, the rest {rollout}; all roll out, the
+    train-capable ones are preempted for each step and return to rollout after it."""
+    return TagPolicy(
+        "spatiotemporal",
+        (
+            TagGroup(_train_tags(with_critic) | {ROLLOUT}, train_resources),
+            TagGroup(frozenset({ROLLOUT}), None),
+        ),
+        max_staleness=max_staleness,
+        train_microbatches=train_microbatches,
+        placement=placement,
+    )

@@ -1,0 +1,41 @@
+"""Knobs of the scheduler core (the service shell's config maps onto this)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from scheduler_svc.errors import ConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerSettings:
+    #: B: GRPO groups (prompts) per train step.
+    train_batch_groups: int
+    #: n: samples per prompt (group size).
+    samples_per_task: int
+    #: Rollout capacity: samples the loader keeps in flight per serving rollout resource (agentic
+    #: workloads oversubscribe engines because sessions spend time in tools).
+    max_inflight_samples_per_resource: int = 64
+    #: A resource silent for longer than this (checked on Tick) is lost.
+    heartbeat_timeout_s: float = 30.0
+    #: Start a train step with fewer than B groups once the trainer has waited this long (None: never).
+    batch_timeout_s: float | None = None
+    #: Fewest ready groups a timeout-triggered step trains on.
+    min_groups_on_timeout: int = 1
+    #: Passes over the task dataset.
+    epochs: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("train_batch_groups", "samples_per_task", "max_inflight_samples_per_resource"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"SchedulerSettings.{name} must be >= 1, got {getattr(self, name)!r}")
+        if not self.heartbeat_timeout_s > 0:
+            raise ConfigError(f"SchedulerSettings.heartbeat_timeout_s must be > 0, got {self.heartbeat_timeout_s!r}")
+        if self.batch_timeout_s is not None and not self.batch_timeout_s > 0:
+            raise ConfigError(f"SchedulerSettings.batch_timeout_s must be > 0 or None, got {self.batch_timeout_s!r}")
+        if self.min_groups_on_timeout < 1:
+            raise ConfigError(
+                f"SchedulerSettings.min_groups_on_timeout must be >= 1, got {self.min_groups_on_timeout!r}"
+            )
+        if self.epochs < 1:
+            raise ConfigError(f"SchedulerSettings.epochs must be >= 1, got {self.epochs!r}")

@@ -1,0 +1,53 @@
+"""Example events for tests: one valid instance of any event type, built from its dataclass fields."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import typing
+from typing import Any
+
+from schemas import events as ev
+
+
+def _value(hint: Any, name: str, packed: str | None, i: int) -> Any:
+    if packed == "<f4":
+        return tuple(-0.5 * k for k in range(4))
+    if packed == "u1":
+        return (0, 1, 1, 0)
+    if packed is not None:
+        return tuple(range(i, i + 4))
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return next(iter(hint))
+    if origin is tuple and args and dataclasses.is_dataclass(args[0]):
+        return (example(args[0], i), example(args[0], i + 1))
+    if origin is tuple:
+        return (f"{name}-a", f"{name}-b") if args[0] is str else (1, 2, 3)
+    if origin is dict:
+        return {"k": "v"}
+    if hint is bool:
+        return True
+    if hint is int:
+        return 1000 + i
+    if hint is float:
+        return 0.25 + i
+    if hint is str:
+        return f"{name}-{i}"
+    return b"\x00\x01raw"  # bytes | None
+
+
+def example(cls: Any, i: int = 0, **overrides: Any) -> Any:
+    """An instance of an event or nested record class with every field set."""
+    hints = typing.get_type_hints(cls)
+    values = {
+        f.name: _value(hints[f.name], f.name, f.metadata.get("packed"), i)
+        for f in dataclasses.fields(cls)
+        if f.name not in ("event_id", "ts_ms")
+    }
+    values.update(overrides)
+    return cls(**values)
+
+
+ALL_EVENT_TYPES = list(ev.EVENT_TYPES.values())

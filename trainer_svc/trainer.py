@@ -1,0 +1,413 @@
+"""The trainer's functional core: trajectories in, one policy update out; checkpoints; resume.
+
+No Kafka here: the service shell consumes `Trajectory` events, calls `Trainer.train_step`, publishes the
+`TrainStepCompleted` of `StepResult.to_event`, saves with `save_checkpoint` (passing the offsets it
+consumed) and publishes `WeightsPublished` with the returned uri and digest.
+
+One train step (policy version v -> v + 1):
+  1. every session tree is packed into one sequence (`tree_pack`); trees go into micro-batches by tokens;
+  2. generated tokens older than the staleness bound are masked (v - token_version > max_staleness);
+  3. advantages: GRPO normalises session rewards within each group (group_id, else task_id, else the
+     session alone); PPO runs GAE on every root-to-leaf branch over the critic's values and averages
+     a shared token's advantage over the branches through it;
+  4. before any weight changes: reference logprobs (k3 KL, when kl_coef > 0), critic values (PPO) and
+     the proximal logprobs when the step makes more than one update; with a single update the
+     proximal policy *is* the current one, so the training forward's detached logprobs are used;
+  5. for each epoch and update: micro-batch forward, decoupled PPO loss, backward; one optimizer step.
+Loss weights are computed per update over all its micro-batches, so the result does not depend on
+how the trees were split into micro-batches.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from schemas.events import TrainStepCompleted, Trajectory
+from trainer_svc import checkpoint as ckpt
+from trainer_svc.config import TrainerConfig
+from trainer_svc.critic import ValueModel
+from trainer_svc.engine import TrainEngine
+from trainer_svc.errors import BatchError, CheckpointError, EngineError, TreePackError
+from trainer_svc.losses import (
+    LossStats,
+    ValueLossStats,
+    aggregation_weights,
+    decoupled_ppo_loss,
+    fresh_mask,
+    gae,
+    grpo_advantages,
+    merge_histograms,
+    staleness_histogram,
+    value_loss,
+    whiten,
+)
+from trainer_svc.tree_pack import (
+    PackedBatch,
+    PackedTree,
+    forward_logprobs,
+    forward_values,
+    pack_batch,
+    pack_tree,
+    plan_micro_batches,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one train step did. `kl` is the k3 KL to the reference when kl_coef > 0, otherwise the k3 KL
+    between the updated-from policy and the behaviour policies (how off-policy the data was)."""
+
+    step: int
+    policy_version: int
+    new_version: int
+    loss: float
+    policy_loss: float
+    kl_loss: float
+    value_loss: float
+    reward_mean: float
+    kl: float
+    kl_behaviour: float
+    clip_fraction: float
+    iw_mean: float
+    iw_max: float
+    iw_capped_fraction: float
+    staleness_histogram: tuple[int, ...]
+    stale_tokens: int
+    num_tokens: int
+    num_branch_tokens: int
+    num_trainable_tokens: int
+    num_micro_batches: int
+    num_updates: int
+    grad_norm: float
+    duration_ms: float
+    trajectory_ids: tuple[str, ...]
+    skipped_trajectory_ids: tuple[str, ...] = ()
+
+    def to_event(self, *, run_id: str, producer: str = "") -> TrainStepCompleted:
+        return TrainStepCompleted(
+            producer=producer,
+            correlation_id=run_id,
+            run_id=run_id,
+            step=self.step,
+            new_version=self.new_version,
+            loss=self.loss,
+            reward_mean=self.reward_mean,
+            kl=self.kl,
+            clip_fraction=self.clip_fraction,
+            staleness_histogram=self.staleness_histogram,
+            num_tokens=self.num_tokens,
+            trajectory_ids=self.trajectory_ids,
+            duration_ms=self.duration_ms,
+        )
+
+
+@dataclass
+class _MicroBatch:
+    """A packed micro-batch and the per-token tensors computed for it before the updates."""
+
+    batch: PackedBatch
+    tree_indices: list[int]
+    sample_index: Tensor  # which kept trajectory each token belongs to
+    train_mask: Tensor  # generated and fresh
+    advantages: Tensor = field(default_factory=lambda: torch.zeros(0))
+    proximal: Tensor | None = None
+    reference: Tensor | None = None
+    old_values: Tensor | None = None
+    returns: Tensor | None = None
+
+
+def _group_key(trajectory: Trajectory) -> Hashable:
+    return trajectory.group_id or trajectory.task_id or trajectory.trajectory_id
+
+
+class Trainer:
+    """Policy (and critic for PPO) under DeepSpeed, driven one `train_step` at a time."""
+
+    def __init__(self, config: TrainerConfig, *, initial_version: int = 0) -> None:
+        self.config = config
+        self.step = 0
+        self.version = initial_version
+        self.consumed_offsets: dict[str, Any] = {}
+        algo = config.algorithm
+        self.policy = TrainEngine(self._load_policy(), config.engine)
+        self.reference: nn.Module | None = None
+        if algo.kl_coef > 0:
+            self.reference = self._frozen_copy(self._load_policy())
+        self.critic: TrainEngine | None = None
+        if algo.algorithm == "ppo":
+            value_model = ValueModel.from_pretrained(config.model_path, config.engine.attn_implementation)
+            self.critic = TrainEngine(value_model, config.engine, learning_rate=algo.critic_learning_rate)
+
+    # --- construction ---------------------------------------------------------------------------
+
+    def _load_policy(self) -> nn.Module:
+        from transformers import AutoModelForCausalLM
+
+        try:
+            model: nn.Module = AutoModelForCausalLM.from_pretrained(
+                self.config.model_path, dtype=torch.float32,
+                attn_implementation=self.config.engine.attn_implementation,
+            )
+        except (OSError, ValueError) as e:
+            raise EngineError(f"model_path={self.config.model_path!r} cannot be loaded: {e}") from e
+        return model
+
+    def _frozen_copy(self, model: nn.Module) -> nn.Module:
+        model = model.to(device=next(self.policy.module.parameters()).device, dtype=self.policy.dtype)
+        model.eval()
+        for p in model.parameters():
+            p.requires_grad_(False)
+        return model
+
+    @property
+    def model(self) -> nn.Module:
+        """The policy as a plain transformers model (for sampling in tests, or inspection)."""
+        return self.policy.module
+
+    # --- train step -----------------------------------------------------------------------------
+
+    def train_step(self, trajectories: Sequence[Trajectory], policy_version: int) -> StepResult:
+        """One update of the policy from version `policy_version` (the version this trainer holds) to +1."""
+        started = time.perf_counter()
+        if policy_version != self.version:
+            raise BatchError(f"policy_version={policy_version}, but the trainer holds version {self.version}")
+        algo = self.config.algorithm
+        kept = [t for t in trajectories if t.status not in algo.skip_statuses]
+        skipped = tuple(t.trajectory_id for t in trajectories if t.status in algo.skip_statuses)
+        if not kept:
+            raise BatchError(f"no trajectory to train on ({len(trajectories)} given, all skipped by status)")
+        trees = [self._pack(t) for t in kept]
+        rewards = torch.tensor([float(t.reward) for t in kept], dtype=torch.float32)
+
+        histogram: list[int] = []
+        for tree in trees:
+            histogram = merge_histograms(
+                histogram, staleness_histogram(tree.loss_mask, tree.versions, policy_version, algo.max_staleness)
+            )
+        micro_batches = self._micro_batches(trees, policy_version)
+        updates = self._split_updates(micro_batches)
+        self._prepare(micro_batches, trees, rewards, kept, multiple_updates=len(updates) * algo.ppo_epochs > 1)
+
+        stats = LossStats()
+        value_stats = ValueLossStats()
+        grad_norm = float("nan")
+        for _ in range(algo.ppo_epochs):
+            for update in updates:
+                weights = self._token_weights(update, len(kept))
+                for mb, w in zip(update, weights, strict=True):
+                    stats = stats.merge(self._policy_backward(mb, w, policy_version))
+                grad_norm = self.policy.step()
+                if self.critic is not None:
+                    for mb, w in zip(update, weights, strict=True):
+                        value_stats = value_stats.merge(self._critic_backward(mb, w))
+                    self.critic.step()
+
+        self.step += 1
+        self.version = policy_version + 1
+        passes = algo.ppo_epochs
+        stale = sum(int((t.loss_mask & ~fresh_mask(t.loss_mask, t.versions, policy_version, algo.max_staleness))
+                        .sum()) for t in trees)
+        return StepResult(
+            step=self.step,
+            policy_version=policy_version,
+            new_version=self.version,
+            loss=stats.loss / passes,
+            policy_loss=stats.policy_loss / passes,
+            kl_loss=stats.kl_loss / passes,
+            value_loss=value_stats.loss / passes,
+            reward_mean=float(rewards.mean()),
+            kl=stats.kl_ref if self.reference is not None else stats.kl_behaviour,
+            kl_behaviour=stats.kl_behaviour,
+            clip_fraction=stats.clip_fraction,
+            iw_mean=stats.iw_mean,
+            iw_max=stats.iw_max,
+            iw_capped_fraction=stats.iw_capped_fraction,
+            staleness_histogram=tuple(histogram),
+            stale_tokens=stale,
+            num_tokens=sum(t.num_tokens for t in trees),
+            num_branch_tokens=sum(t.num_branch_tokens for t in trees),
+            num_trainable_tokens=stats.tokens // passes,
+            num_micro_batches=len(micro_batches),
+            num_updates=len(updates) * passes,
+            grad_norm=grad_norm,
+            duration_ms=(time.perf_counter() - started) * 1000.0,
+            trajectory_ids=tuple(t.trajectory_id for t in kept),
+            skipped_trajectory_ids=skipped,
+        )
+
+    def _pack(self, trajectory: Trajectory) -> PackedTree:
+        try:
+            return pack_tree(trajectory.nodes)
+        except TreePackError as e:
+            raise BatchError(f"trajectory {trajectory.trajectory_id!r}: {e}") from e
+
+    def _micro_batches(self, trees: list[PackedTree], policy_version: int) -> list[_MicroBatch]:
+        max_staleness = self.config.algorithm.max_staleness
+        plan = plan_micro_batches([t.num_tokens for t in trees], self.config.engine.micro_batch_tokens)
+        result = []
+        for indices in plan:
+            batch = pack_batch([trees[i] for i in indices])
+            sample_index = torch.cat(
+                [torch.full((trees[i].num_tokens,), i, dtype=torch.int64) for i in indices]
+            )
+            train_mask = fresh_mask(batch.loss_mask, batch.versions, policy_version, max_staleness)
+            if bool((train_mask & (batch.predecessor < 0)).any()):
+                log.warning("a generated token opens a session: it has no context and is not trained")
+                train_mask = train_mask & (batch.predecessor >= 0)
+            result.append(_MicroBatch(batch=batch, tree_indices=indices, sample_index=sample_index,
+                                      train_mask=train_mask))
+        return result
+
+    def _split_updates(self, micro_batches: list[_MicroBatch]) -> list[list[_MicroBatch]]:
+        per_update = self.config.engine.gradient_accumulation_steps or len(micro_batches)
+        return [micro_batches[i:i + per_update] for i in range(0, len(micro_batches), per_update)]
+
+    @torch.no_grad()
+    def _prepare(
+        self, micro_batches: list[_MicroBatch], trees: list[PackedTree], rewards: Tensor,
+        kept: list[Trajectory], *, multiple_updates: bool,
+    ) -> None:
+        """Everything computed with the weights of version v, before the first update."""
+        algo = self.config.algorithm
+        if self.reference is not None:
+            for mb in micro_batches:
+                mb.reference = forward_logprobs(self.reference, mb.batch)
+        if multiple_updates:
+            self.policy.module.eval()
+            for mb in micro_batches:
+                mb.proximal = forward_logprobs(self.policy.engine, mb.batch)
+            self.policy.module.train()
+        if self.critic is None:
+            per_sample = grpo_advantages(rewards, [_group_key(t) for t in kept], normalize_std=algo.normalize_std)
+            for mb in micro_batches:
+                mb.advantages = per_sample[mb.sample_index]
+            return
+        for mb in micro_batches:
+            mb.old_values = forward_values(self.critic.engine, mb.batch)
+            advantages, returns = [], []
+            for position, tree_index in enumerate(mb.tree_indices):
+                span = mb.batch.tree_slice(position)
+                adv, ret = tree_gae(trees[tree_index], mb.old_values[span], float(rewards[tree_index]),
+                                    gamma=algo.gamma, lam=algo.lam)
+                advantages.append(adv)
+                returns.append(ret)
+            mb.advantages, mb.returns = torch.cat(advantages), torch.cat(returns)
+        if algo.normalize_advantages:
+            everything = torch.cat([mb.advantages for mb in micro_batches])
+            mask = torch.cat([mb.train_mask for mb in micro_batches])
+            whitened = whiten(everything, mask)
+            offset = 0
+            for mb in micro_batches:
+                mb.advantages = whitened[offset:offset + mb.batch.num_tokens]
+                offset += mb.batch.num_tokens
+
+    def _token_weights(self, update: list[_MicroBatch], num_samples: int) -> list[Tensor]:
+        counts = torch.zeros(num_samples, dtype=torch.float64)
+        for mb in update:
+            counts.index_add_(0, mb.sample_index[mb.train_mask],
+                              torch.ones(int(mb.train_mask.sum()), dtype=torch.float64))
+        per_sample = aggregation_weights(counts, self.config.algorithm.aggregation)
+        return [torch.where(mb.train_mask, per_sample[mb.sample_index], 0.0) for mb in update]
+
+    def _policy_backward(self, mb: _MicroBatch, weights: Tensor, policy_version: int) -> LossStats:
+        algo = self.config.algorithm
+        logprobs = forward_logprobs(self.policy.engine, mb.batch)
+        proximal = mb.proximal if mb.proximal is not None else logprobs.detach()
+        loss, stats = decoupled_ppo_loss(
+            logprobs, proximal, mb.batch.behaviour_logprobs, mb.advantages, weights, mb.train_mask,
+            clip_eps=algo.clip_eps, clip_eps_high=algo.clip_eps_high, dual_clip=algo.dual_clip,
+            iw_cap=algo.iw_cap, iw_mode=algo.iw_mode,
+            ref_logprobs=mb.reference, kl_coef=algo.kl_coef,
+        )
+        self.policy.backward(loss)
+        return stats
+
+    def _critic_backward(self, mb: _MicroBatch, weights: Tensor) -> ValueLossStats:
+        assert self.critic is not None and mb.old_values is not None and mb.returns is not None
+        values = forward_values(self.critic.engine, mb.batch)
+        loss, stats = value_loss(values, mb.old_values, mb.returns, weights, mb.train_mask,
+                                 clip=self.config.algorithm.value_clip)
+        self.critic.backward(loss)
+        return stats
+
+    # --- checkpoints ----------------------------------------------------------------------------
+
+    def save_checkpoint(
+        self, directory: str | Path, *, consumed_offsets: Mapping[str, Any] | None = None
+    ) -> tuple[str, str]:
+        """Writes the checkpoint (see `checkpoint`) and returns (file:// uri of the directory, weights sha256).
+
+        `consumed_offsets` (default: `self.consumed_offsets`) is stored as given, opaque to the trainer:
+        the shell passes the offsets of every trajectory trained so far, so they commit with the weights.
+        """
+        final = Path(directory).resolve()
+        offsets = ckpt.check_offsets(self.consumed_offsets if consumed_offsets is None else consumed_offsets)
+        staging = ckpt.staging_dir(final)
+        try:
+            self.policy.module.save_pretrained(staging, safe_serialization=True)
+            ckpt.copy_tokenizer_files(Path(self.config.model_path), staging)
+            self.policy.save_state(staging / ckpt.ENGINE_STATE_DIR)
+            if self.critic is not None:
+                self.critic.save_state(staging / ckpt.CRITIC_STATE_DIR)
+            digest = ckpt.weights_sha256(staging)
+            ckpt.write_progress(staging, ckpt.TrainerProgress(
+                step=self.step, version=self.version, consumed_offsets=offsets, weights_sha256=digest
+            ))
+            ckpt.commit(staging, final)
+        except (EngineError, CheckpointError):
+            ckpt.discard(staging)
+            raise
+        except OSError as e:
+            ckpt.discard(staging)
+            raise CheckpointError(f"cannot write checkpoint {final}: {e}") from e
+        self.consumed_offsets = offsets
+        return final.as_uri(), digest
+
+    def load_checkpoint(self, directory: str | Path) -> ckpt.TrainerProgress:
+        """Restores weights, optimizer state and progress (step, version, consumed_offsets)."""
+        path = Path(directory)
+        progress = ckpt.read_progress(path)
+        digest = ckpt.weights_sha256(path)
+        if progress.weights_sha256 and digest != progress.weights_sha256:
+            raise CheckpointError(f"{path}: weights sha256 {digest} != recorded {progress.weights_sha256}")
+        try:
+            self.policy.load_state(path / ckpt.ENGINE_STATE_DIR)
+            if self.critic is not None:
+                self.critic.load_state(path / ckpt.CRITIC_STATE_DIR)
+        except EngineError as e:
+            raise CheckpointError(f"{path}: {e}") from e
+        self.step, self.version = progress.step, progress.version
+        self.consumed_offsets = dict(progress.consumed_offsets)
+        return progress
+
+
+def tree_gae(
+    tree: PackedTree, values: Tensor, reward: float, *, gamma: float, lam: float
+) -> tuple[Tensor, Tensor]:
+    """GAE on every root-to-leaf branch (the session reward on the branch's last generated token);
+    a token shared by several branches gets the mean of its branch advantages and returns."""
+    advantage_sum = torch.zeros(tree.num_tokens, dtype=torch.float32)
+    return_sum = torch.zeros(tree.num_tokens, dtype=torch.float32)
+    count = torch.zeros(tree.num_tokens, dtype=torch.float32)
+    for indices in tree.branch_token_indices():
+        action = tree.loss_mask[indices]
+        if not bool(action.any()):
+            continue
+        rewards = torch.zeros(indices.numel(), dtype=torch.float32)
+        rewards[int(action.nonzero()[-1])] = reward
+        adv, ret = gae(rewards, values[indices], action, gamma=gamma, lam=lam)
+        advantage_sum.index_add_(0, indices, adv)
+        return_sum.index_add_(0, indices, ret)
+        count.index_add_(0, indices, torch.ones(indices.numel()))
+    count = count.clamp(min=1.0)
+    return advantage_sum / count, return_sum / count
