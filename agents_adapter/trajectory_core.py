@@ -83,6 +83,9 @@ class AssemblerConfig:
     group_size_key: SessionStarted metadata key holding the group size.
     closed_retention_ms: how long a closed session's tombstone drops late calls.
     wait_for_calls: hold a session whose SessionEnded counts more calls than arrived (see module doc).
+    track_groups: count closed sessions in `tracker` and return BatchReady events; False where groups
+        are counted elsewhere (the Faust processor counts them in a stage keyed by group, since the
+        sessions of one group live on different partitions) or not at all (a replay).
     """
 
     producer: str = "trajectory-processor"
@@ -90,6 +93,7 @@ class AssemblerConfig:
     group_size_key: str = "n_samples"
     closed_retention_ms: int = 3_600_000
     wait_for_calls: bool = True
+    track_groups: bool = True
 
     def __post_init__(self) -> None:
         if not self.producer:
@@ -230,6 +234,16 @@ class _Group:
     members: dict[str, _Member] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class GroupState:
+    """A pending group: its size (None = not known yet), task and members (id, min/max version, ts)."""
+
+    group_id: str
+    size: int | None
+    task_id: str
+    members: tuple[tuple[str, int, int, int], ...]
+
+
 class GroupTracker:
     """Counts trajectories per task group and fires one BatchReady when a group has its n samples."""
 
@@ -260,20 +274,40 @@ class GroupTracker:
 
     def add(self, trajectory: Trajectory) -> BatchReady | None:
         """Counts a trajectory (once per trajectory_id) and returns the group's BatchReady when complete."""
-        group_id = trajectory.group_id
+        return self.add_member(trajectory.group_id, trajectory.trajectory_id, trajectory.task_id,
+                               trajectory.min_version, trajectory.max_version, trajectory.ts_ms)
+
+    def add_member(self, group_id: str, trajectory_id: str, task_id: str, min_version: int, max_version: int,
+                   ts_ms: int) -> BatchReady | None:
+        """`add` for a shell that forwards only what a group needs of a trajectory (not its tokens)."""
         if not group_id:
             return None
         if group_id in self._done:
             self.late_samples += 1
             return None
         group = self._groups.setdefault(group_id, _Group())
-        if trajectory.trajectory_id in group.members:
+        if trajectory_id in group.members:
             self.duplicate_samples += 1
             return None
-        group.members[trajectory.trajectory_id] = _Member(trajectory.min_version, trajectory.max_version,
-                                                          trajectory.ts_ms)
-        group.task_id = group.task_id or trajectory.task_id
+        group.members[trajectory_id] = _Member(min_version, max_version, ts_ms)
+        group.task_id = group.task_id or task_id
         return self._fire_if_ready(group_id, group)
+
+    def group_state(self, group_id: str) -> GroupState | None:
+        """What a shell persists of a group that has not fired (restored with `expect` + `add_member`)."""
+        group = self._groups.get(group_id)
+        if group is None:
+            return None
+        return GroupState(group_id, group.size, group.task_id, tuple(
+            (tid, m.min_version, m.max_version, m.ts_ms) for tid, m in group.members.items()))
+
+    def is_done(self, group_id: str) -> bool:
+        return group_id in self._done
+
+    def restore_done(self, group_id: str, ts_ms: int) -> None:
+        """Remembers that a group fired (a restarted shell's persisted marker): later samples are late."""
+        self._groups.pop(group_id, None)
+        self._done[group_id] = ts_ms
 
     def pending(self, group_id: str) -> int:
         """Trajectories counted for a group that has not fired yet."""
@@ -389,7 +423,8 @@ class TrajectoryAssembler:
         size = self._metadata_group_size(started)
         if size and not session.group_size:
             session.group_size = size
-            batch = self.tracker.expect(session.group_id, size, session.task_id) if session.group_id else None
+            batch = (self.tracker.expect(session.group_id, size, session.task_id)
+                     if session.group_id and self.config.track_groups else None)
             batches = (batch,) if batch else ()
         return Emitted(deltas=(session.delta(session.tree.empty_delta()),), batches=batches)
 
@@ -482,12 +517,18 @@ class TrajectoryAssembler:
         session.agent_id, session.task_id, session.group_id = delta.agent_id, delta.task_id, delta.group_id
         session.last_ts_ms, session.ended = delta.last_ts_ms, delta.ended
         session.seq += 1
-        if delta.group_size and not session.group_size and session.group_id:
+        if delta.group_size and not session.group_size and session.group_id and self.config.track_groups:
             session.group_size = delta.group_size
             batch = self.tracker.expect(session.group_id, delta.group_size, session.task_id)
             return Emitted(batches=(batch,) if batch else ())
         session.group_size = session.group_size or delta.group_size
         return Emitted()
+
+    def restore_closed(self, session_id: str, ts_ms: int) -> None:
+        """Rebuilds a closed session's tombstone (persisted by a shell) so that inputs re-read after a
+        restart do not re-open it; an open session of that id is dropped."""
+        self._sessions.pop(session_id, None)
+        self._closed[session_id] = ts_ms
 
     # --- internals ---
 
@@ -537,6 +578,8 @@ class TrajectoryAssembler:
         del self._sessions[session.session_id]
         self._closed[session.session_id] = ts_ms
         self.stats.trajectories += 1
+        if not self.config.track_groups:
+            return Emitted(trajectories=(trajectory,), closed_sessions=(session.session_id,))
         # the session's own size first (its group id may have come after SessionStarted), then the sample
         sized = (
             self.tracker.expect(trajectory.group_id, session.group_size, trajectory.task_id)

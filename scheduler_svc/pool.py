@@ -34,6 +34,7 @@ from scheduler_svc.tags import (
     OFFLINE,
     ROLLOUT,
     TASK_KINDS,
+    WEIGHT_SYNC,
     sorted_tags,
 )
 
@@ -89,7 +90,12 @@ class ResourcePool:
         self.resources: dict[str, Resource] = {}
         self.assignments: dict[str, AssignmentState] = {}
         self.next_assignment_seq = 0
+        #: bumps on every change; callers key caches on it
         self.epoch = 0
+        #: bumps on changes that can make placement or resume work (joins, losses, tag changes, ends)
+        self.structure_epoch = 0
+        #: alive rollout-tagged resources serving or reloading for rollout (the loader's capacity)
+        self.serving_count = 0
         self._registrations = 0
 
     # ---------------------------------------------------------------------------------- queries
@@ -239,7 +245,12 @@ class ResourcePool:
         if handler is not None:
             handler(self, record)
 
+    def _bump(self) -> None:
+        self.epoch += 1
+        self.structure_epoch += 1
+
     def _apply_registered(self, obs: ResourceRegistered) -> None:
+        self.structure_epoch += 1
         existing = self.resources.get(obs.resource_id)
         if existing is not None and existing.alive:
             # A re-registration of a live resource (engine restart we did not see fail): keep its
@@ -270,6 +281,7 @@ class ResourcePool:
 
     def _apply_tag(self, d: TagTransition) -> None:
         r = self.get(d.resource_id)
+        was_serving = _is_serving(r)
         if d.tag_kind == CAPABILITY:
             if sorted_tags(r.capabilities) != d.from_tags:
                 raise ReplayError(
@@ -287,11 +299,14 @@ class ResourcePool:
             r.activity = d.to_tags[0]
         else:
             raise ReplayError(f"unknown tag kind {d.tag_kind!r}")
-        self.epoch += 1
+        self.serving_count += _is_serving(r) - was_serving
+        self._bump()
 
     def _apply_lost(self, d: ResourceLost) -> None:
-        self.get(d.resource_id).alive = False
-        self.epoch += 1
+        r = self.get(d.resource_id)
+        self.serving_count -= _is_serving(r)
+        r.alive = False
+        self._bump()
 
     def _apply_assignment(self, d: Assignment) -> None:
         if d.assignment_id in self.assignments:
@@ -317,7 +332,7 @@ class ResourcePool:
             r = self.resources[rid]
             if r.assignment_id == assignment_id:
                 r.assignment_id = None
-        self.epoch += 1
+        self._bump()
 
     def _apply_preemption(self, d: Preemption) -> None:
         if d.assignment_id not in self.assignments:
@@ -344,7 +359,12 @@ class ResourcePool:
             "resources": {rid: r.snapshot() for rid, r in self.resources.items()},
             "assignments": {aid: a.snapshot() for aid, a in self.assignments.items()},
             "next_assignment_seq": self.next_assignment_seq,
+            "serving_count": self.serving_count,
         }
+
+
+def _is_serving(r: Resource) -> int:
+    return int(r.alive and ROLLOUT in r.capabilities and r.activity in (ROLLOUT, WEIGHT_SYNC))
 
 
 def _assignment_seq(assignment_id: str) -> int | None:

@@ -112,7 +112,6 @@ class RolloutManager:
         self.lag_histogram: Counter[int] = Counter()  # lag -> groups trained on
         self._cache_epoch = -1
         self._trainers: tuple[str, ...] = ()
-        self._serving = 0
 
     # ---------------------------------------------------------------------------------- queries
 
@@ -120,26 +119,16 @@ class RolloutManager:
     def microbatch_groups(self) -> int:
         return math.ceil(self.settings.train_batch_groups / self.policy.train_microbatches)
 
-    def _refresh_cache(self) -> None:
-        if self._cache_epoch == self.pool.epoch:
-            return
-        self._trainers = tuple(r.resource_id for r in self.pool.with_capability(TRAIN))
-        self._serving = sum(
-            1
-            for r in self.pool.resources.values()
-            if r.alive and ROLLOUT in r.capabilities and r.activity in (ROLLOUT, WEIGHT_SYNC)
-        )
-        self._cache_epoch = self.pool.epoch
-
     def trainers(self) -> tuple[str, ...]:
         """Alive train-tagged resources: the SPMD set of the next train step."""
-        self._refresh_cache()
+        if self._cache_epoch != self.pool.structure_epoch:
+            self._trainers = tuple(r.resource_id for r in self.pool.with_capability(TRAIN))
+            self._cache_epoch = self.pool.structure_epoch
         return self._trainers
 
     def serving_resources(self) -> int:
         """Rollout resources serving or about to serve (paused for weights) requests."""
-        self._refresh_cache()
-        return self._serving
+        return self.pool.serving_count
 
     def dispatch_budget(self) -> int:
         """Groups the loader may still dispatch without breaking the staleness bound (rule 1)."""

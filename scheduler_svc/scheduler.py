@@ -124,15 +124,15 @@ class Scheduler:
 
     def _reconcile(self) -> None:
         emit = self._emit
-        if self.pool.epoch != self._placed_epoch:
+        if self.pool.structure_epoch != self._placed_epoch:
             self._place()
-            self._placed_epoch = self.pool.epoch
+            self._placed_epoch = self.pool.structure_epoch
         self.rollout.start_weight_sync(emit)
         self.rollout.maybe_start_train(emit)
         self.rollout.feed_train(emit)
-        if self.pool.epoch != self._settled_epoch:
+        if self.pool.structure_epoch != self._settled_epoch:
             self.rollout.settle(emit)
-            self._settled_epoch = self.pool.epoch
+            self._settled_epoch = self.pool.structure_epoch
         self.rollout.finish_weight_syncs(emit)
         self.rollout.dispatch(emit)
 

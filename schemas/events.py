@@ -2,8 +2,9 @@
 
 Events are facts: immutable, named in the past tense or as commands, each with the envelope
 (`event_id`, `ts_ms`, `producer`, `correlation_id`; `event_type` is the class name). Packed token
-payloads are held as tuples of Python numbers and written as little-endian `bytes` (see
-`schemas.packed`); float32 fields therefore round-trip exactly only for float32-representable values.
+payloads are held as `PackedArray`s (tuple-like, numpy-backed; see `schemas.packed`): pass a tuple,
+list or numpy array and it is converted; a decoded event wraps the message bytes without a copy.
+Float32 fields round to float32 when the event is built, so a round trip is exact.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from functools import cache
 from typing import Any, TypeVar
 
 from schemas.errors import DecodeError, EncodeError
-from schemas.packed import FLOAT32, INT32, UINT8, pack, unpack_tuple
+from schemas.packed import Float32s, Int32s, PackedArray, UInt8s
 from schemas.registry import default_registry
 
 E = TypeVar("E", bound="Event")
@@ -33,9 +34,20 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def packed(dtype: str) -> Any:
-    """A tuple field written as packed little-endian bytes of `dtype`."""
-    return field(default=(), metadata={"packed": dtype})
+def packed(kind: type[PackedArray]) -> Any:
+    """A token payload field: written as packed little-endian bytes, held as a `PackedArray`."""
+    return field(default=kind(), metadata={"packed": kind})
+
+
+class _PackedFields:
+    """Converts tuples, lists or numpy arrays given for packed fields into their `PackedArray`."""
+
+    def __post_init__(self) -> None:
+        cls: Any = self.__class__
+        for name, kind in _packed_fields(cls):
+            value = getattr(self, name)
+            if type(value) is not kind:
+                object.__setattr__(self, name, kind(value))
 
 
 class SessionStatus(enum.StrEnum):
@@ -56,7 +68,7 @@ class PauseMode(enum.StrEnum):
 
 
 @dataclass(frozen=True, kw_only=True)
-class Event:
+class Event(_PackedFields):
     """Envelope shared by every event."""
 
     event_id: str = field(default_factory=new_event_id)
@@ -89,7 +101,7 @@ class Event:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Segment:
+class Segment(_PackedFields):
     """One engine run inside an LLM call; a preempted call has several."""
 
     resource_id: str
@@ -102,15 +114,15 @@ class Segment:
 
 
 @dataclass(frozen=True, kw_only=True)
-class TrajectoryNode:
+class TrajectoryNode(_PackedFields):
     """A run of tokens in a session's prefix tree, shared by every call below it."""
 
     node_id: int
     parent: int
-    token_ids: tuple[int, ...] = packed(INT32)
-    loss_mask: tuple[int, ...] = packed(UINT8)
-    logprobs: tuple[float, ...] = packed(FLOAT32)
-    versions: tuple[int, ...] = packed(INT32)
+    token_ids: Int32s = packed(Int32s)
+    loss_mask: UInt8s = packed(UInt8s)
+    logprobs: Float32s = packed(Float32s)
+    versions: Int32s = packed(Int32s)
 
 
 # --- llm.calls / sessions / trajectories ----------------------------------------------------
@@ -125,10 +137,10 @@ class LLMCall(Event):
     group_id: str = ""
     model: str
     turn: int
-    prompt_ids: tuple[int, ...] = packed(INT32)
-    output_ids: tuple[int, ...] = packed(INT32)
-    output_logprobs: tuple[float, ...] = packed(FLOAT32)
-    output_versions: tuple[int, ...] = packed(INT32)
+    prompt_ids: Int32s = packed(Int32s)
+    output_ids: Int32s = packed(Int32s)
+    output_logprobs: Float32s = packed(Float32s)
+    output_versions: Int32s = packed(Int32s)
     finish_reason: str
     segments: tuple[Segment, ...] = ()
     request_ms: int
@@ -475,12 +487,13 @@ _RENAMES: dict[tuple[str, str], str] = {("DeadLetter", "key_bytes"): "key"}
 
 # --- generic conversion ----------------------------------------------------------------------
 
-_Converter = tuple[str, str, Callable[[Any], Any], Callable[[Any], Any]]
+_Converter = tuple[str, str, Callable[[Any], Any] | None, Callable[[Any], Any] | None]
 
 
 @cache
 def _converters(cls: Any) -> list[_Converter]:
-    """(attribute, avro field, to-avro, from-avro) per field, derived once from the type hints."""
+    """(attribute, avro field, to-avro, from-avro) per field, derived once from the type hints;
+    None where the value passes through unchanged (most fields: kept off the hot path)."""
     hints = typing.get_type_hints(cls)
     out: list[_Converter] = []
     for f in dataclasses.fields(cls):
@@ -489,14 +502,20 @@ def _converters(cls: Any) -> list[_Converter]:
     return out
 
 
-def _ident(v: Any) -> Any:
-    return v
+@cache
+def _packed_fields(cls: Any) -> list[tuple[str, type[PackedArray]]]:
+    return [(f.name, f.metadata["packed"]) for f in dataclasses.fields(cls) if "packed" in f.metadata]
 
 
-def _field_codec(hint: Any, packed_dtype: str | None) -> tuple[Callable[[Any], Any], Callable[[Any], Any]]:
-    if packed_dtype is not None:
-        dtype = packed_dtype
-        return (lambda v: pack(v, dtype)), (lambda b: unpack_tuple(b, dtype))
+def _to_bytes(v: PackedArray) -> bytes:
+    return v.to_bytes()
+
+
+def _field_codec(
+    hint: Any, kind: type[PackedArray] | None
+) -> tuple[Callable[[Any], Any] | None, Callable[[Any], Any] | None]:
+    if kind is not None:
+        return _to_bytes, kind
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
     if isinstance(hint, type) and issubclass(hint, enum.Enum):
@@ -509,19 +528,24 @@ def _field_codec(hint: Any, packed_dtype: str | None) -> tuple[Callable[[Any], A
         return list, tuple
     if origin is dict:
         return dict, dict
-    return _ident, _ident
+    return None, None
 
 
 def _to_record(obj: Any) -> dict[str, Any]:
     try:
-        return {avro: enc(getattr(obj, attr)) for attr, avro, enc, _ in _converters(obj.__class__)}
+        return {
+            avro: getattr(obj, attr) if enc is None else enc(getattr(obj, attr))
+            for attr, avro, enc, _ in _converters(obj.__class__)
+        }
     except (TypeError, ValueError) as e:
         raise EncodeError(f"{type(obj).__name__}: {e}") from e
 
 
 def _from_record(cls: Any, record: dict[str, Any]) -> Any:
     try:
-        return cls(**{attr: dec(record[avro]) for attr, avro, _, dec in _converters(cls)})
+        return cls(
+            **{attr: record[avro] if dec is None else dec(record[avro]) for attr, avro, _, dec in _converters(cls)}
+        )
     except (KeyError, TypeError, ValueError) as e:
         raise DecodeError(f"{cls.__name__}: {type(e).__name__}: {e}") from e
 

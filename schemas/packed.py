@@ -7,8 +7,8 @@ Python while a packed field is one `bytes` copy that numpy reads without parsing
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Final
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, Final
 
 import numpy as np
 
@@ -46,3 +46,106 @@ def unpack(data: bytes, dtype: str) -> np.ndarray:
 def unpack_tuple(data: bytes, dtype: str) -> tuple:
     """Packed bytes as a tuple of Python numbers (what the event dataclasses hold)."""
     return tuple(unpack(data, dtype).tolist())
+
+
+class PackedArray(Sequence[Any]):
+    """An immutable, tuple-like array of numbers that stays packed from the wire to numpy.
+
+    Decoding wraps the message's bytes without copying or parsing (`np.frombuffer`), encoding
+    hands the same bytes back; `np.asarray(x)` and `torch.from_numpy(np.asarray(x))` read it
+    in place. It compares equal to another packed array or to a tuple/list of the same numbers,
+    and `+` concatenates as for tuples.
+    """
+
+    __slots__ = ("_arr", "_raw")
+    DTYPE: str = INT32
+
+    def __init__(self, values: Iterable[Any] | bytes | np.ndarray = ()) -> None:
+        if type(values) is bytes:  # the decode path: wrap the message's bytes
+            self._arr, self._raw = unpack(values, self.DTYPE), values
+            return
+        if isinstance(values, PackedArray) and values.DTYPE == self.DTYPE:
+            self._arr, self._raw = values._arr, values._raw
+            return
+        if isinstance(values, (bytes, bytearray, memoryview)):
+            raw = bytes(values)
+            self._arr, self._raw = unpack(raw, self.DTYPE), raw
+            return
+        seq = values if isinstance(values, np.ndarray) else np.asarray(list(values) if not isinstance(
+            values, (list, tuple)) else values)
+        self._raw = pack(seq, self.DTYPE) if seq.size else b""
+        self._arr = unpack(self._raw, self.DTYPE)
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> PackedArray:
+        return cls(data)
+
+    def to_bytes(self) -> bytes:
+        return self._raw
+
+    @property
+    def array(self) -> np.ndarray:
+        """A read-only numpy view (no copy)."""
+        return self._arr
+
+    def tolist(self) -> list[Any]:
+        return self._arr.tolist()
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        if dtype is not None and np.dtype(dtype) != self._arr.dtype:
+            return self._arr.astype(dtype)
+        return self._arr.copy() if copy else self._arr
+
+    def __len__(self) -> int:
+        return len(self._arr)
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return type(self)(self._arr[index])
+        return self._arr[index].item()
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._arr.tolist())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, PackedArray):
+            return self.DTYPE == other.DTYPE and self._raw == other._raw
+        if isinstance(other, (tuple, list)):
+            return self.tolist() == list(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash((self.DTYPE, self._raw))
+
+    def __add__(self, other: Iterable[Any]) -> PackedArray:
+        right = other if isinstance(other, PackedArray) else type(self)(other)
+        return type(self)(self._raw + right.to_bytes())
+
+    def __repr__(self) -> str:
+        items = self.tolist()
+        shown = ", ".join(map(str, items[:8])) + (", …" if len(items) > 8 else "")
+        return f"{type(self).__name__}([{shown}], n={len(items)})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self._raw,))
+
+
+class Int32s(PackedArray):
+    """Token ids or policy versions: little-endian int32."""
+
+    __slots__ = ()
+    DTYPE = INT32
+
+
+class Float32s(PackedArray):
+    """Logprobs: little-endian float32 (a Python float is rounded to float32 on construction)."""
+
+    __slots__ = ()
+    DTYPE = FLOAT32
+
+
+class UInt8s(PackedArray):
+    """Loss masks: one byte per token."""
+
+    __slots__ = ()
+    DTYPE = UINT8

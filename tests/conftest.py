@@ -13,15 +13,14 @@ import pytest
 
 from bus.admin import ensure_topics
 from bus.config import BusConfig
-from infra.kafka.cluster import KafkaCluster
-
-TEST_KAFKA_PORT = int(os.environ.get("SFLOW_TEST_KAFKA_PORT", "19092"))
+from infra.kafka.cluster import KafkaCluster, free_base_port
 
 
 @pytest.fixture(scope="session")
 def kafka_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
     """One broker for the whole session; stopped (by PID) when the session ends."""
-    cluster = KafkaCluster(tmp_path_factory.mktemp("kafka"), nodes=1, base_port=TEST_KAFKA_PORT)
+    port = int(os.environ.get("SFLOW_TEST_KAFKA_PORT", "0")) or free_base_port()
+    cluster = KafkaCluster(tmp_path_factory.mktemp("kafka"), nodes=1, base_port=port)
     cluster.start()
     try:
         yield cluster

@@ -8,12 +8,13 @@ import typing
 from typing import Any
 
 from schemas import events as ev
+from schemas.packed import Float32s, PackedArray, UInt8s
 
 
-def _value(hint: Any, name: str, packed: str | None, i: int) -> Any:
-    if packed == "<f4":
+def _value(hint: Any, name: str, packed: type[PackedArray] | None, i: int) -> Any:
+    if packed is Float32s:
         return tuple(-0.5 * k for k in range(4))
-    if packed == "u1":
+    if packed is UInt8s:
         return (0, 1, 1, 0)
     if packed is not None:
         return tuple(range(i, i + 4))

@@ -73,6 +73,28 @@ def port_open(host: str, port: int, timeout: float = 0.3) -> bool:
         return False
 
 
+def free_base_port(nodes: int = 1, low: int = 20000, high: int = 40000) -> int:
+    """A base port whose broker ports (base..base+nodes-1) and controller ports (+100) are all free,
+    so several test sessions on one machine each get their own cluster."""
+    import random
+
+    for _ in range(200):
+        base = random.randrange(low, high - 200)
+        ports = [base + i for i in range(nodes)] + [base + 100 + i for i in range(nodes)]
+        if all(_bindable(p) for p in ports):
+            return base
+    raise InfraError(f"no free port block in [{low}, {high})")
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 @dataclass(frozen=True)
 class KafkaNode:
     node_id: int

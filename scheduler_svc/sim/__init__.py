@@ -3,6 +3,7 @@
 Entry points: `run_simulation(SimConfig(...)) -> SimResult` and `main(argv)` (the `sflow sim` CLI).
 """
 
+from scheduler_svc.sim.cli import main
 from scheduler_svc.sim.cluster import ClusterSim, SimConfig, run_simulation
 from scheduler_svc.sim.pipelines import PIPELINES, pipeline_policy
 from scheduler_svc.sim.results import SimResult, draw_gantt, format_table
@@ -14,6 +15,7 @@ __all__ = [
     "SimResult",
     "draw_gantt",
     "format_table",
+    "main",
     "pipeline_policy",
     "run_simulation",
 ]

@@ -67,6 +67,8 @@ from scheduler_svc.tags import ACTIVITY, IDLE, TRAIN
 # device modes
 M_IDLE, M_ROLLOUT, M_PAUSED, M_LOADING, M_TRAIN, M_OFFLINE = range(6)
 
+ROUTABLE = (M_ROLLOUT, M_PAUSED, M_LOADING)
+
 # event kinds
 E_DEVICE, E_TOOL, E_LOADED, E_TRAIN_READY, E_TRAIN_CHUNK, E_TRAIN_STEP, E_FAIL, E_DETECT, E_JOIN = range(9)
 
@@ -212,6 +214,7 @@ class _Device:
         "local",
         "mode",
         "perf",
+        "qstamp",
         "reserved",
         "rid",
         "role",
@@ -237,7 +240,7 @@ class _Device:
         self.state = "idle"
         self.running: dict[int, _Seq] = {}
         self.heap: list[tuple[float, int, _Seq]] = []
-        self.local: deque[_Seq] = deque()
+        self.local: list[tuple[tuple[int, int], int, _Seq]] = []  # heap: this engine's waiting queue
         self.K = 0.0  # decode iterations done
         self.C = 0.0  # context tokens held by running sequences
         self.reserved = 0
@@ -247,6 +250,7 @@ class _Device:
         self.stall_left = 0.0
         self.epoch = 0
         self.stamp = 0
+        self.qstamp = 0
         self.cache_epoch = 0
         self.segments: list[list[Any]] = []
         self.totals: dict[str, float] = {}
@@ -308,7 +312,8 @@ class ClusterSim:
         self._seq = itertools.count()
         self._uid = itertools.count()
         self.global_queue: list[tuple[tuple[int, int], int, _Seq]] = []
-        self.free: list[tuple[int, int, int]] = []
+        self.routes: list[tuple[int, int, int]] = []  # (load, engine, stamp): the proxy's view
+        self.backlog: list[tuple[int, int, int]] = []  # (-queue length, engine, qstamp)
         self.dirty: set[int] = set()
         self.groups: dict[str, _Group] = {}
         self.job: _TrainJob | None = None
@@ -401,7 +406,7 @@ class ClusterSim:
 
     def _flush(self) -> None:
         if self.global_queue:
-            self._place_global()
+            self._route_held()
         while self.dirty:
             idx = self.dirty.pop()
             self._reschedule(self.devices[idx])
@@ -459,6 +464,7 @@ class ClusterSim:
         dev.state = state
         dev.stamp += 1
         self.dirty.add(dev.idx)
+        self._offer(dev)
 
     # ------------------------------------------------------------------------------------ engines
 
@@ -479,10 +485,57 @@ class ClusterSim:
         return not dev.running or dev.reserved + need <= dev.kv_capacity
 
     def _offer(self, dev: _Device) -> None:
-        """Advertise free room on a serving engine to the router."""
-        if dev.mode == M_ROLLOUT and len(dev.running) < self.config.max_running_seqs:
+        """Advertise an engine's load to the router (engines loading weights for rollout count too)."""
+        if dev.mode in ROUTABLE:
             dev.stamp += 1
-            heapq.heappush(self.free, (len(dev.running), dev.idx, dev.stamp))
+            heapq.heappush(self.routes, (len(dev.running) + len(dev.local), dev.idx, dev.stamp))
+
+    def _route(self, seq: _Seq) -> None:
+        """Hand a request to the proxy; it is routed once all simultaneous events are applied."""
+        heapq.heappush(self.global_queue, (seq.order, seq.uid, seq))
+
+    def _route_held(self) -> None:
+        """The proxy sends each held request to the least-loaded rollout engine (engines loading
+        weights for rollout count); it waits in that engine's queue. With no such engine, it keeps
+        holding the request (the long request of the capture proxy)."""
+        routes = self.routes
+        queue = self.global_queue
+        while queue and routes:
+            _, idx, stamp = routes[0]
+            dev = self.devices[idx]
+            if stamp != dev.stamp or dev.mode not in ROUTABLE:
+                heapq.heappop(routes)
+                continue
+            self._queue_at(dev, heapq.heappop(queue)[2])
+
+    def _queue_at(self, dev: _Device, seq: _Seq) -> None:
+        heapq.heappush(dev.local, (seq.order, seq.uid, seq))
+        self._fill(dev)
+
+    def _note_backlog(self, dev: _Device) -> None:
+        """Advertise a serving engine's waiting queue to idle engines (work stealing)."""
+        dev.qstamp += 1
+        if dev.local and dev.mode == M_ROLLOUT:
+            heapq.heappush(self.backlog, (-len(dev.local), dev.idx, dev.qstamp))
+
+    def _steal(self, thief: _Device) -> _Seq | None:
+        """Work stealing: a request still waiting in the longest queue of a full serving engine (not
+        started there, so it holds no KV) moves to an engine with room; the thief pays any lost
+        prefix cache. Paused or loading engines are not robbed: they resume within seconds."""
+        backlog = self.backlog
+        while backlog:
+            _, idx, qstamp = backlog[0]
+            victim = self.devices[idx]
+            if qstamp != victim.qstamp or victim.mode != M_ROLLOUT or not victim.local or victim is thief:
+                heapq.heappop(backlog)
+                continue
+            if not self._fits(thief, victim.local[0][2]):
+                return None
+            seq = heapq.heappop(victim.local)[2]
+            self._note_backlog(victim)
+            self._offer(victim)
+            return seq
+        return None
 
     def _admit(self, dev: _Device, seq: _Seq) -> None:
         self._advance(dev)
@@ -506,33 +559,19 @@ class ClusterSim:
         heapq.heappush(dev.heap, (dev.K + seq.remaining, seq.uid, seq))
         self.dirty.add(dev.idx)
 
-    def _fill(self, dev: _Device, *, take_global: bool = True) -> None:
-        """A serving engine with room takes its sticky sessions first, then the global queue."""
-        if dev.mode != M_ROLLOUT:
-            return
-        while dev.local and self._fits(dev, dev.local[0]):
-            self._admit(dev, dev.local.popleft())
-        while take_global and self.global_queue and not dev.local and self._fits(dev, self.global_queue[0][2]):
-            self._admit(dev, heapq.heappop(self.global_queue)[2])
+    def _fill(self, dev: _Device) -> None:
+        """A serving engine admits queued requests (oldest first) while it has room."""
+        if dev.mode == M_ROLLOUT:
+            local = dev.local
+            while local and self._fits(dev, local[0][2]):
+                self._admit(dev, heapq.heappop(local)[2])
+            while not local and self.backlog and len(dev.running) < self.config.max_running_seqs:
+                seq = self._steal(dev)
+                if seq is None:
+                    break
+                self._admit(dev, seq)
+        self._note_backlog(dev)
         self._offer(dev)
-
-    def _place_global(self) -> None:
-        """Route queued requests to the least-loaded engines that have room."""
-        free = self.free
-        while self.global_queue and free:
-            _, idx, stamp = heapq.heappop(free)
-            dev = self.devices[idx]
-            if stamp != dev.stamp or dev.mode != M_ROLLOUT or dev.local:
-                continue
-            seq = self.global_queue[0][2]
-            if not self._fits(dev, seq):
-                continue
-            heapq.heappop(self.global_queue)
-            self._admit(dev, seq)
-            self._offer(dev)
-
-    def _enqueue_global(self, seq: _Seq) -> None:
-        heapq.heappush(self.global_queue, (seq.order, seq.uid, seq))
 
     def _leave(self, dev: _Device, seq: _Seq, generated: float) -> None:
         """Take a sequence off its engine after `generated` more tokens of the current turn."""
@@ -583,28 +622,28 @@ class ClusterSim:
         seq.new_tokens += obs_tokens
         home = self.devices[seq.home] if seq.home >= 0 else None
         if home is not None and home.mode in (M_ROLLOUT, M_PAUSED):
-            home.local.append(seq)
-            self._fill(home)
+            self._queue_at(home, seq)  # sticky: the session's prefix cache lives there
         else:
             seq.home = -1
-            self._enqueue_global(seq)
+            self._route(seq)
 
     def _abort(self, dev: _Device) -> None:
         """Preemption: running requests return their partial outputs and continue elsewhere."""
         self._advance(dev)
+        moved = []
         for seq in list(dev.running.values()):
             self._leave(dev, seq, dev.K - seq.k_admit)
-            seq.home = -1
-            self._enqueue_global(seq)
+            moved.append(seq)
         dev.heap.clear()
-        while dev.local:
-            seq = dev.local.popleft()
-            seq.home = -1
-            self._enqueue_global(seq)
+        moved.extend(entry[2] for entry in dev.local)
+        dev.local.clear()
         dev.stall_overhead = 0.0
         dev.stall_until = self.now
         self._set_mode(dev, M_IDLE, "idle")
         dev.stall_left = 0.0
+        for seq in moved:
+            seq.home = -1
+            self._route(seq)
 
     # ------------------------------------------------------------------------------------ decisions
 
@@ -613,7 +652,7 @@ class ClusterSim:
         group = _Group(d.group_id, d.position, specs, d.policy_version)
         self.groups[d.group_id] = group
         for i, spec in enumerate(specs):
-            self._enqueue_global(_Seq(next(self._uid), group, i, spec))
+            self._route(_Seq(next(self._uid), group, i, spec))
 
     def _device(self, rid: str) -> _Device | None:
         dev = self.by_rid[rid]
@@ -666,7 +705,7 @@ class ClusterSim:
             dev.stall_overhead += seconds
         dev.stamp += 1
         self.dirty.add(dev.idx)
-        self._fill(dev, take_global=False)  # queued requests are spread by the router at flush
+        self._fill(dev)
 
     def _on_assignment(self, d: Assignment) -> None:
         if d.task_kind != TRAIN:
@@ -773,18 +812,19 @@ class ClusterSim:
         if dev.mode == M_OFFLINE:
             return
         self._advance(dev)
+        moved = []
         for seq in list(dev.running.values()):
             self._leave(dev, seq, 0.0)  # the turn being generated is lost with the engine
-            seq.home = -1
-            self._enqueue_global(seq)
+            moved.append(seq)
         dev.heap.clear()
-        while dev.local:
-            seq = dev.local.popleft()
-            seq.home = -1
-            self._enqueue_global(seq)
+        moved.extend(entry[2] for entry in dev.local)
+        dev.local.clear()
         if self.job is not None and dev in self.job.devices:
             self.job.stalled = True  # an SPMD step hangs until the scheduler notices
         self._set_mode(dev, M_OFFLINE, "offline")
+        for seq in moved:
+            seq.home = -1
+            self._route(seq)
         self._push(self.now + self.config.failure_detect_s, E_DETECT, dev.rid)
 
     def _ev_detect(self, rid: str, _: Any) -> None:

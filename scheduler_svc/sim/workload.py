@@ -10,7 +10,6 @@ stops or the context reaches 64K.
 from __future__ import annotations
 
 import math
-import random
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -46,12 +45,35 @@ class Workload(Protocol):
     def sample(self, position: int, sample_index: int) -> SampleSpec: ...
 
 
-def _rng(seed: int, position: int, sample_index: int) -> random.Random:
-    return random.Random((seed * 0x9E3779B1) ^ (position << 20) ^ sample_index)
+_MASK = (1 << 64) - 1
 
 
-def _lognormal(rng: random.Random, median: float, sigma: float, low: float, high: float) -> float:
-    return min(high, max(low, median * math.exp(sigma * rng.gauss(0.0, 1.0))))
+class _Stream:
+    """Counter-based random stream (splitmix64): cheap to create per sample, same numbers on every
+    platform and Python version, so a task draws identical lengths in every pipeline."""
+
+    __slots__ = ("_state",)
+
+    def __init__(self, seed: int, position: int, sample_index: int) -> None:
+        self._state = (
+            seed * 0x9E3779B97F4A7C15 + position * 0xBF58476D1CE4E5B9 + sample_index * 0x94D049BB133111EB
+        ) & _MASK
+
+    def uniform(self) -> float:
+        self._state = (self._state + 0x9E3779B97F4A7C15) & _MASK
+        z = self._state
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
+        z ^= z >> 31
+        return ((z >> 11) + 0.5) / float(1 << 53)
+
+    def gauss(self) -> float:
+        """Standard normal (Box-Muller)."""
+        return math.sqrt(-2.0 * math.log(self.uniform())) * math.cos(2.0 * math.pi * self.uniform())
+
+
+def _lognormal(rng: _Stream, median: float, sigma: float, low: float, high: float) -> float:
+    return min(high, max(low, median * math.exp(sigma * rng.gauss())))
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +94,7 @@ class SingleTurnMath:
             )
 
     def sample(self, position: int, sample_index: int) -> SampleSpec:
-        rng = _rng(self.seed, position, sample_index)
+        rng = _Stream(self.seed, position, sample_index)
         prompt = int(_lognormal(rng, self.prompt_median, self.prompt_sigma, 32, 4096))
         response = int(_lognormal(rng, self.response_median, self.response_sigma, 16, self.max_response))
         return SampleSpec(prompt, (Turn(response),))
@@ -106,7 +128,7 @@ class AgenticCoding:
             )
 
     def sample(self, position: int, sample_index: int) -> SampleSpec:
-        rng = _rng(self.seed, position, sample_index)
+        rng = _Stream(self.seed, position, sample_index)
         prompt = int(_lognormal(rng, self.prompt_median, self.prompt_sigma, 256, self.max_context // 4))
         n_turns = round(_lognormal(rng, self.turns_median, self.turns_sigma, 1, self.max_turns))
         context = prompt

@@ -18,7 +18,7 @@ from bus.consumer import EventConsumer, Received
 from bus.producer import EventProducer
 from bus.replay import ReplayRange, replay
 from bus.topics import CATALOG, topic_of
-from infra.kafka.cluster import KafkaCluster
+from infra.kafka.cluster import KafkaCluster, free_base_port
 from schemas import events as ev
 from schemas.registry import default_registry
 from tests.factories import ALL_EVENT_TYPES, example
@@ -197,7 +197,7 @@ def test_replay_of_a_range_gives_the_produced_events_in_order_per_key(bus_config
 def test_broker_killed_and_restarted_loses_no_acknowledged_event(tmp_path: Path) -> None:
     """SIGKILL the broker while an idempotent producer streams events; every acknowledged event
     is in the log exactly once after the restart."""
-    cluster = KafkaCluster(tmp_path / "kafka", nodes=1, base_port=19392)
+    cluster = KafkaCluster(tmp_path / "kafka", nodes=1, base_port=free_base_port())
     cluster.start()
     try:
         config = BusConfig(bootstrap_servers=cluster.bootstrap_servers, topic_prefix="restart.")

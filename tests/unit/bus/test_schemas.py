@@ -25,7 +25,7 @@ from schemas.errors import (
     TruncatedMessageError,
     UnknownFingerprintError,
 )
-from schemas.packed import FLOAT32, INT32, UINT8, pack, unpack, unpack_tuple
+from schemas.packed import FLOAT32, INT32, UINT8, Float32s, Int32s, PackedArray, UInt8s, pack, unpack, unpack_tuple
 from schemas.registry import HISTORY_DIR, MAGIC, SchemaRegistry, crc64_avro, default_registry, fingerprint
 from tests.factories import ALL_EVENT_TYPES, example
 
@@ -96,6 +96,20 @@ def test_packed_int32_refuses_out_of_range(bad: list[int]) -> None:
         pack(bad, INT32)
 
 
+def test_packed_array_is_a_zero_copy_tuple_like_view() -> None:
+    raw = pack([5, 6, 7], INT32)
+    ids = Int32s(raw)
+    assert ids.to_bytes() is raw and np.asarray(ids).base is not None
+    assert ids == (5, 6, 7) and ids == Int32s([5, 6, 7]) and list(ids) == [5, 6, 7]
+    assert ids[1] == 6 and ids[1:] == (6, 7) and len(ids) == 3
+    assert ids + (8,) == (5, 6, 7, 8)  # noqa: RUF005 -- concatenation, as for tuples
+    assert Float32s([0.1]) == (float(np.float32(0.1)),)  # rounded to float32 when built
+    with pytest.raises(EncodeError, match="integers"):
+        Int32s([1.5])
+    event = example(ev.LLMCall, prompt_ids=[1, 2], output_ids=np.array([3], dtype=np.int64))
+    assert type(event.prompt_ids) is Int32s and event.output_ids == (3,)
+
+
 def test_packed_rejects_ragged_bytes() -> None:
     with pytest.raises(DecodeError, match="multiple of 4"):
         unpack(b"\x00\x01\x02", INT32)
@@ -113,12 +127,12 @@ def _avro_types(definition: dict[str, Any]) -> dict[str, Any]:
     return {f["name"]: f["type"] for f in definition["fields"]}
 
 
-def _strategy(hint: Any, avro_type: Any, packed: str | None) -> st.SearchStrategy[Any]:
-    if packed == FLOAT32:
+def _strategy(hint: Any, avro_type: Any, packed: type[PackedArray] | None) -> st.SearchStrategy[Any]:
+    if packed is Float32s:
         return st.lists(_F32, max_size=20).map(tuple)
-    if packed == UINT8:
+    if packed is UInt8s:
         return st.lists(st.integers(0, 1), max_size=20).map(tuple)
-    if packed == INT32:
+    if packed is Int32s:
         return st.lists(_INT32, max_size=20).map(tuple)
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)

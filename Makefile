@@ -1,0 +1,65 @@
+# SeamlessFlow — the two commands a new user needs: `make demo` and `make test`.
+# Each installs what it needs on a fresh machine (.venv, Kafka jars, DeepSpeed's CPU build) and
+# stops the processes it started.
+
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+STAMP := $(VENV)/.installed
+JARS := infra/kafka/lib/.resolved
+export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
+export DS_ACCELERATOR := cpu
+export TOKENIZERS_PARALLELISM := false
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+
+.PHONY: help install jars test test-fast lint demo up down bench clean
+
+help:
+	@echo "make demo   - run the main job (installs and starts what it needs, stops it after)"
+	@echo "make test   - run the test suite against a real Kafka broker started for the session"
+	@echo "make up / make down - start / stop the local Kafka stack"
+	@echo "make bench  - run the benchmarks under bench/"
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip setuptools wheel
+	$(PIP) install -q -e '.[dev]'
+	# DeepSpeed ships an sdist that imports torch while building: install it after torch.
+	$(PIP) install -q --no-build-isolation 'deepspeed>=0.14'
+	@touch $@
+
+install: $(STAMP)
+
+$(JARS): infra/kafka/pom.xml
+	mvn -q -B -f infra/kafka/pom.xml dependency:copy-dependencies
+	@touch $@
+
+jars: $(JARS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy schemas bus infra agents_adapter inference_svc scheduler_svc trainer_svc
+
+test: $(STAMP) $(JARS)
+	$(VENV)/bin/ruff check .
+	$(PY) -m pytest -m "not gpu" tests
+
+test-fast: $(STAMP) $(JARS)
+	$(PY) -m pytest -m "unit" tests
+
+up: $(STAMP) $(JARS)
+	$(VENV)/bin/sflow up
+
+down:
+	@test -x $(VENV)/bin/sflow && $(VENV)/bin/sflow down || true
+
+demo: $(STAMP) $(JARS)
+	$(PY) -m infra.demo
+
+bench: $(STAMP) $(JARS)
+	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+clean: down
+	rm -rf var runs .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,153 @@
+"""Bus benchmark.
+
+1. Encode+decode of one LLMCall (2,000 prompt + 500 output tokens): packed `bytes` token fields (what
+   the project ships) vs the same record with `array<int>` / `array<float>` fields, in the same run.
+2. Produce -> consume on a local broker started for the run: throughput and p50/p99 latency of the
+   same event (idempotent producer, acks=all, lz4).
+
+Run: .venv/bin/python bench/bus_bench.py  [--calls N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import fastavro
+from rich.console import Console
+from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bus.admin import ensure_topics  # noqa: E402
+from bus.config import BusConfig  # noqa: E402
+from bus.consumer import EventConsumer  # noqa: E402
+from bus.producer import EventProducer  # noqa: E402
+from infra.kafka.cluster import KafkaCluster, free_base_port  # noqa: E402
+from schemas.events import LLMCall, Segment, decode_event, encode_event  # noqa: E402
+from schemas.registry import default_registry  # noqa: E402
+
+PACKED_AS_ARRAY = {"prompt_ids": "int", "output_ids": "int", "output_versions": "int", "output_logprobs": "float"}
+
+
+def make_call(i: int = 0) -> LLMCall:
+    return LLMCall(
+        call_id=f"c{i}",
+        session_id=f"s{i % 64}",
+        agent_id="bench",
+        model="m",
+        turn=i,
+        prompt_ids=tuple((7 * k) % 151_000 for k in range(2000)),
+        output_ids=tuple((13 * k) % 151_000 for k in range(500)),
+        output_logprobs=tuple(-0.001 * k for k in range(500)),
+        output_versions=tuple(3 for _ in range(500)),
+        finish_reason="stop",
+        segments=(Segment(resource_id="r0", weight_version=3, start=0, num_tokens=500, finish_reason="stop",
+                          started_ms=0, ended_ms=1),),
+        request_ms=0,
+        completed_ms=1,
+    )
+
+
+def array_schema() -> object:
+    definition = json.loads(json.dumps(default_registry().current("LLMCall").definition))
+    definition["name"] = "LLMCallArrays"
+    for f in definition["fields"]:
+        if f["name"] in PACKED_AS_ARRAY:
+            f["type"] = {"type": "array", "items": PACKED_AS_ARRAY[f["name"]]}
+    return fastavro.parse_schema(definition)
+
+
+def bench_codec(iterations: int) -> tuple[float, float, int, int]:
+    call = make_call()
+    t0 = time.perf_counter()
+    for _ in range(iterations):
+        data = encode_event(call)
+        assert decode_event(data).output_ids == call.output_ids
+    packed_s = (time.perf_counter() - t0) / iterations
+
+    schema = array_schema()
+    record = call.to_avro()
+    for name in PACKED_AS_ARRAY:
+        record[name] = list(getattr(call, name))
+    t0 = time.perf_counter()
+    for _ in range(max(1, iterations // 10)):
+        buf = io.BytesIO()
+        fastavro.schemaless_writer(buf, schema, record)
+        out = fastavro.schemaless_reader(io.BytesIO(buf.getvalue()), schema, None)
+        assert len(out["output_ids"]) == 500  # type: ignore[index, arg-type]
+    array_s = (time.perf_counter() - t0) / max(1, iterations // 10)
+    return packed_s, array_s, len(encode_event(call)), len(buf.getvalue())
+
+
+def bench_broker(calls: int) -> tuple[float, float, float]:
+    with tempfile.TemporaryDirectory() as tmp:
+        cluster = KafkaCluster(Path(tmp), nodes=1, base_port=free_base_port())
+        cluster.start()
+        try:
+            config = BusConfig(bootstrap_servers=cluster.bootstrap_servers, topic_prefix="bench.")
+            ensure_topics(config)
+            consumer = EventConsumer(config, "bench", ["llm.calls"])
+            consumer.poll(2.0)  # join the group before producing
+            latencies: list[float] = []
+            received = 0
+            done = threading.Event()
+
+            def consume() -> None:
+                nonlocal received
+                while received < calls:
+                    for r in consumer.poll(1.0):
+                        latencies.append(time.time() * 1000 - r.event.ts_ms)
+                        received += 1
+                done.set()
+
+            thread = threading.Thread(target=consume, daemon=True)
+            thread.start()
+            producer = EventProducer(config)
+            t0 = time.perf_counter()
+            for i in range(calls):
+                producer.publish(make_call(i))
+            producer.flush()
+            done.wait(120)
+            elapsed = time.perf_counter() - t0
+            producer.close()
+            consumer.close()
+        finally:
+            cluster.stop()
+    latencies.sort()
+    return calls / elapsed, statistics.median(latencies), latencies[int(0.99 * (len(latencies) - 1))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--iterations", type=int, default=500)
+    parser.add_argument("--calls", type=int, default=2000)
+    args = parser.parse_args()
+    console = Console()
+    packed_s, array_s, packed_bytes, array_bytes = bench_codec(args.iterations)
+    table = Table(title="LLMCall 2,000 + 500 tokens: encode + decode")
+    table.add_column("encoding")
+    table.add_column("µs / call", justify="right")
+    table.add_column("calls / s", justify="right")
+    table.add_column("bytes", justify="right")
+    table.add_row("packed bytes (shipped)", f"{packed_s * 1e6:.1f}", f"{1 / packed_s:,.0f}", str(packed_bytes))
+    table.add_row("array<int> (baseline)", f"{array_s * 1e6:.1f}", f"{1 / array_s:,.0f}", str(array_bytes))
+    console.print(table)
+    rate, p50, p99 = bench_broker(args.calls)
+    t2 = Table(title=f"produce -> consume on a local broker ({args.calls} LLMCalls, acks=all, lz4)")
+    for col in ("calls / s", "MB / s", "p50 latency ms", "p99 latency ms"):
+        t2.add_column(col, justify="right")
+    t2.add_row(f"{rate:,.0f}", f"{rate * packed_bytes / 1e6:.1f}", f"{p50:.1f}", f"{p99:.1f}")
+    console.print(t2)
+    print(f"ratio packed vs array<int> encode+decode: {array_s / packed_s:.1f}x")
+
+
+if __name__ == "__main__":
+    main()

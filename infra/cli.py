@@ -1,0 +1,128 @@
+"""`sflow`: the operator's command line (stack, events, replay, simulator)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from bus.describe import describe, matches
+from bus.errors import BusError
+
+app = typer.Typer(help="SeamlessFlow: event-sourced RL post-training for LLM agents.", no_args_is_help=True)
+events_app = typer.Typer(help="Read events from the bus.", no_args_is_help=True)
+app.add_typer(events_app, name="events")
+console = Console()
+
+
+@app.command()
+def up(nodes: Annotated[int, typer.Option(help="1, or 3 for the fault-test cluster (RF 3, min ISR 2)")] = 1) -> None:
+    """Start the local Kafka cluster (KRaft) and create the catalog topics."""
+    from infra import stack
+
+    config = stack.up(nodes)
+    console.print(f"Kafka up at [bold]{config.bootstrap_servers}[/], topics prefixed '{config.topic_prefix}'")
+
+
+@app.command()
+def down() -> None:
+    """Stop everything `sflow up` started."""
+    from infra import stack
+
+    stopped = stack.down()
+    console.print(f"stopped: {', '.join(stopped) or 'nothing was running'}")
+
+
+@app.command()
+def status() -> None:
+    """Brokers, topics with their end offsets, and consumer-group lag."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from bus.admin import admin_client
+    from bus.topics import CATALOG
+    from infra import stack
+
+    c = stack.running_cluster()
+    if c is None:
+        console.print("Kafka is not running (start it with `sflow up` or `make up`)")
+        raise typer.Exit(1)
+    config = stack.bus_config()
+    admin = admin_client(config)
+    md = admin.list_topics(timeout=10)
+    console.print(f"brokers: {', '.join(f'{b.id}@{b.host}:{b.port}' for b in md.brokers.values())}")
+    table = Table("topic", "partitions", "events")
+    probe = Consumer({"bootstrap.servers": config.bootstrap_servers, "group.id": "sflow-status"})
+    for spec in CATALOG:
+        name = config.topic(spec.name)
+        meta = md.topics.get(name)
+        if meta is None:
+            table.add_row(name, "-", "missing")
+            continue
+        total = 0
+        for p in meta.partitions:
+            low, high = probe.get_watermark_offsets(TopicPartition(name, p), timeout=5)
+            total += high - low
+        table.add_row(name, str(len(meta.partitions)), str(total))
+    probe.close()
+    console.print(table)
+    groups = admin.list_consumer_groups().result()
+    for g in sorted(groups.valid, key=lambda g: g.group_id):
+        console.print(f"consumer group {g.group_id} ({g.state})")
+
+
+@events_app.command("tail")
+def tail(
+    topic: Annotated[str, typer.Argument(help="catalog topic, e.g. llm.calls, scheduler, control")],
+    from_beginning: Annotated[bool, typer.Option("--from-beginning", help="start at the oldest event")] = False,
+    session: Annotated[str | None, typer.Option(help="only events of this session")] = None,
+    resource: Annotated[str | None, typer.Option(help="only events about this resource")] = None,
+    event_type: Annotated[str | None, typer.Option("--type", help="only this event type")] = None,
+    limit: Annotated[int, typer.Option(help="stop after this many events (0: no limit)")] = 0,
+    idle_exit: Annotated[float, typer.Option(help="stop after this many idle seconds (0: never)")] = 0.0,
+) -> None:
+    """Print decoded events of TOPIC as they arrive, one JSON object per line."""
+    from bus.consumer import EventConsumer, unique_group
+    from bus.topics import spec
+    from infra import stack
+
+    spec(topic)
+    config = stack.bus_config("sflow-tail")
+    offset_reset = "earliest" if from_beginning else "latest"
+    settings: dict[str, str] = {"auto.offset.reset": offset_reset}
+    consumer = EventConsumer(config, unique_group("sflow-tail"), [topic], None, **settings)
+    stop = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    shown = 0
+    last = time.monotonic()
+    try:
+        while not stop.is_set():
+            batch = consumer.poll(0.5)
+            if batch:
+                last = time.monotonic()
+            for r in batch:
+                if matches(r.event, session, resource, event_type):
+                    print(json.dumps({"offset": f"{r.partition}:{r.offset}", **describe(r.event)}), flush=True)
+                    shown += 1
+                    if limit and shown >= limit:
+                        return
+            if idle_exit and time.monotonic() - last > idle_exit:
+                return
+    except BusError as e:
+        console.print(f"[red]error:[/] {e}")
+        raise typer.Exit(2) from e
+    finally:
+        consumer.close()
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

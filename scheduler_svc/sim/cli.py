@@ -1,0 +1,68 @@
+"""`sflow sim`: run one or more pipelines of the cluster simulator and print their numbers."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from scheduler_svc.errors import SchedulerError
+from scheduler_svc.sim.cluster import SimConfig, run_simulation
+from scheduler_svc.sim.pipelines import PIPELINES
+from scheduler_svc.sim.results import SimResult, draw_gantt, format_table
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="sflow sim", description=__doc__)
+    p.add_argument("--pipeline", action="append", choices=PIPELINES, help="repeatable; default: all five")
+    p.add_argument("--workload", choices=("math", "agentic"), default="math")
+    p.add_argument("--devices", type=int, default=32)
+    p.add_argument("--device-kind", default="H800", help="H800, H20, A100 or H200")
+    p.add_argument("--model", default="qwen3-8b", help="qwen3-8b or qwen3-32b")
+    p.add_argument("--engine-tp", type=int, default=1, help="devices per rollout engine")
+    p.add_argument("--batch", type=int, default=None, help="prompts (GRPO groups) per train step")
+    p.add_argument("--samples", type=int, default=None, help="samples per prompt")
+    p.add_argument("--max-generation", type=int, default=None, help="max response (math) or context (agentic)")
+    p.add_argument("--train-resources", type=int, default=None, help="engines carrying the train tag")
+    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--gantt", default=None, help="write a Gantt chart PNG of device activity here")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    results: list[SimResult] = []
+    try:
+        for pipeline in args.pipeline or PIPELINES:
+            config = SimConfig(
+                pipeline=pipeline,
+                workload=args.workload,
+                devices=args.devices,
+                device_kind=args.device_kind,
+                model=args.model,
+                engine_tp=args.engine_tp,
+                train_batch_groups=args.batch,
+                samples_per_task=args.samples,
+                max_generation=args.max_generation,
+                train_resources=args.train_resources,
+                steps=args.steps,
+                seed=args.seed,
+                keep_segments=args.gantt is not None,
+            )
+            results.append(run_simulation(config))
+    except SchedulerError as e:
+        print(f"sflow sim: {e}")
+        return 2
+    first = results[0].settings
+    print(
+        f"workload={args.workload} devices={args.devices} model={args.model} batch={first['batch']}x{first['n']} "
+        f"steps={args.steps}"
+    )
+    print(format_table(results))
+    by_name = {r.pipeline: r for r in results}
+    if "spatiotemporal" in by_name and "colocated_sync" in by_name:
+        ratio = by_name["spatiotemporal"].tokens_per_s / by_name["colocated_sync"].tokens_per_s
+        print(f"ratio tokens/s spatiotemporal vs colocated_sync: {ratio:.2f}x")
+    if args.gantt:
+        print(f"gantt: {draw_gantt(results, args.gantt)}")
+    return 0
