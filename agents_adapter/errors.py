@@ -38,3 +38,122 @@ class InvalidNodesError(TreeError):
 
 class DeltaError(TreeError):
     """A tree delta cannot be decoded, or does not follow the state it is applied to."""
+
+
+# --- capture proxy (HTTP-facing errors: each carries the status and OpenAI error fields it maps to) ----
+
+
+class ProxyError(AdapterError):
+    """A call the capture proxy could not serve; `app.error_response` turns it into an HTTP error.
+
+    status_code / error_type / code follow the OpenAI error body ({"error": {"message", "type",
+    "param", "code"}}); `param` names the offending request field when there is one.
+    """
+
+    status_code = 500
+    error_type = "internal_error"
+    code: str | None = None
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class AuthenticationError(ProxyError):
+    """No API key, or one that maps to no agent (or not to the admin)."""
+
+    status_code = 401
+    error_type = "invalid_request_error"
+    code = "invalid_api_key"
+
+
+class SessionForbiddenError(ProxyError):
+    """The session belongs to another agent."""
+
+    status_code = 403
+    error_type = "permission_error"
+    code = "session_forbidden"
+
+
+class UnknownModelError(ProxyError):
+    """The request names a model this proxy does not serve."""
+
+    status_code = 404
+    error_type = "invalid_request_error"
+    code = "model_not_found"
+
+
+class UnknownSessionError(ProxyError):
+    status_code = 404
+    error_type = "invalid_request_error"
+    code = "session_not_found"
+
+
+class SessionClosedError(ProxyError):
+    """The session already ended (or already has its reward): no more calls or rewards."""
+
+    status_code = 409
+    error_type = "invalid_request_error"
+    code = "session_closed"
+
+
+class InvalidParameterError(ProxyError):
+    """A request field has a value the proxy cannot serve (out of range, unsupported option)."""
+
+    status_code = 400
+    error_type = "invalid_request_error"
+    code = "invalid_parameter"
+
+
+class PromptTooLongError(InvalidParameterError):
+    """The prompt (after templating) is longer than max_prompt_tokens or leaves no room to generate."""
+
+    code = "context_length_exceeded"
+
+
+class EngineRejectedError(InvalidParameterError):
+    """The inference engine refused the request as invalid (4xx); retrying elsewhere would not help."""
+
+    code = "engine_rejected"
+
+
+class ServiceUnavailableError(ProxyError):
+    """The call cannot be served now; the agent may retry it."""
+
+    status_code = 503
+    error_type = "service_unavailable"
+    code = "service_unavailable"
+
+
+class NoRolloutResourceError(ServiceUnavailableError):
+    """No rollout resource became available (all paused, preempted or lost) before the deadline."""
+
+    code = "no_rollout_resource"
+
+
+class LongRequestTimeoutError(ServiceUnavailableError):
+    """The call did not finish within long_request_timeout_s; nothing was served."""
+
+    code = "long_request_timeout"
+
+
+class EngineFailedError(ServiceUnavailableError):
+    """Every engine attempt failed (max_segments reached, or an engine broke the protocol)."""
+
+    code = "engine_failed"
+
+
+class RecordingError(ServiceUnavailableError):
+    """Kafka did not acknowledge the call's events in time: the call is refused rather than served unrecorded."""
+
+    code = "recording_unavailable"
+
+
+class DrainingError(ServiceUnavailableError):
+    """The proxy is draining (admin) and takes no new calls."""
+
+    code = "draining"
+
+
+class TemplateError(ConfigError):
+    """The model's chat template cannot be split into prefix + reply + suffix (no token-in/token-out)."""

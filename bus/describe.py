@@ -7,6 +7,7 @@ import enum
 from typing import Any
 
 from schemas.events import Event
+from schemas.packed import PackedArray
 
 _PREVIEW = 6
 
@@ -16,6 +17,8 @@ def summarise(value: Any) -> Any:
         return value.value
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: summarise(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, PackedArray):
+        value = tuple(value.tolist())
     if isinstance(value, tuple):
         if len(value) > _PREVIEW and all(isinstance(v, (int, float)) for v in value[:_PREVIEW]):
             return f"[{', '.join(map(str, value[:_PREVIEW]))}, … ({len(value)} items)]"

@@ -68,6 +68,8 @@ from scheduler_svc.tags import ACTIVITY, IDLE, TRAIN
 M_IDLE, M_ROLLOUT, M_PAUSED, M_LOADING, M_TRAIN, M_OFFLINE = range(6)
 
 ROUTABLE = (M_ROLLOUT, M_PAUSED, M_LOADING)
+#: an engine must hold at least one maximum-length (64K) trajectory in its KV cache
+MIN_KV_TOKENS = 65_536
 
 # event kinds
 E_DEVICE, E_TOOL, E_LOADED, E_TRAIN_READY, E_TRAIN_CHUNK, E_TRAIN_STEP, E_FAIL, E_DETECT, E_JOIN = range(9)
@@ -339,9 +341,10 @@ class ClusterSim:
         usable = spec.memory_gb * 1e9 * self.config.memory_fraction - self.model.weight_bytes
         usable -= self.config.activation_reserve_gb * 1e9 * self.config.engine_tp
         kv_capacity = usable / self.model.kv_bytes_per_token
-        if kv_capacity < 4096:
+        if kv_capacity < MIN_KV_TOKENS:
             raise ConfigError(
-                f"{self.model.name} leaves no KV cache room on {spec.kind} ({usable / 1e9:.1f} GB); raise engine_tp"
+                f"{self.model.name} leaves KV cache room for only {max(kv_capacity, 0):.0f} tokens on "
+                f"{spec.kind} ({usable / 1e9:.1f} GB), fewer than {MIN_KV_TOKENS}; raise engine_tp"
             )
         dev = _Device(len(self.devices), spec, perf, kv_capacity)
         self.devices.append(dev)

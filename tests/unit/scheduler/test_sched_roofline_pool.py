@@ -13,7 +13,6 @@ from scheduler_svc.decisions import (
     ResourceLost,
     ResourceRegistered,
     TagTransition,
-    Tick,
     TrainData,
 )
 from scheduler_svc.errors import CapabilityError, ConfigError, ReplayError

@@ -1,0 +1,709 @@
+"""The trajectory processor: the Faust shell around `TrajectoryAssembler` (DESIGN.md §1, §4).
+
+Run it with `python -m agents_adapter.trajectories [options]` (bus settings from SFLOW_BOOTSTRAP,
+SFLOW_TOPIC_PREFIX, SFLOW_REPLICATION) or `worker(ProcessorConfig(...))`.
+
+Topology (N = partitions of `llm.calls`, which must equal those of `sessions`)
+    stage 1, keyed by session: one agent reads `llm.calls`, `sessions` and the processor's own
+        `<app>-ticks` topic (all N partitions, so Faust co-partitions them: partition p of every
+        topic goes to the same worker). Each partition has its own `TrajectoryAssembler`; the table
+        `sessions` holds its open sessions. On a close it publishes the Trajectory to `trajectories`,
+        then a small member record (group, trajectory id, versions, ts, group size) to `<app>-groups`.
+    stage 2, keyed by group: one agent reads `<app>-groups` (N partitions, keyed by group id) and
+        counts samples per group in a `GroupTracker` backed by the table `groups`; it publishes
+        `BatchReady` to `trajectories` when a group has its n samples. A group's sessions live on
+        different partitions of stage 1, hence the second, group-keyed stage. It also forwards the
+        group sizes of `TaskDispatched` (topic `tasks`) into `<app>-groups`, so n comes from the task
+        (`GroupTracker.expect`), else from SessionStarted metadata, else from `group_size`.
+    TTL: a Faust timer sends a tick (a MetricSample) to partition p of `<app>-ticks` for each input
+        partition p this worker owns; the stage-1 agent handles it like an input, so the timeouts
+        run in an event of partition p and their table writes go to p's store and changelog
+        (Faust tables can be changed only while processing an event of the key's partition).
+
+Table `sessions` (RocksDB, changelog `<app>-sessions-changelog`): one immutable entry per delta
+    key  b"d" | u16 partition | u16 len | session id | u32 seq   value  `SessionDelta.to_bytes()`
+    key  b"c" | u16 partition | u16 len | session id             value  i64 close ts (a tombstone)
+    Each state change of a session is written once, as its own entry: an LLM call costs one entry of
+    a ~60-byte header + ids + the tree delta (13 bytes per new token, 9 per re-claimed token, 13 per
+    split, ~30 per call record), i.e. proportional to what the call added, never to the tree. A
+    SessionStarted or a waiting SessionEnded costs a header-only entry. Closing a session deletes its
+    entries (one changelog tombstone each, compacted away) and writes the close marker, which keeps
+    re-read inputs of a closed session from re-opening it until `closed_retention_ms` has passed.
+    The partition in the key lets a recovery put each entry back into its partition's assembler
+    with the public table API alone. Recovery replays the entries in key order (= seq order).
+Table `groups`: b"g" | partition | group id -> JSON of a pending group (size, task, members; n is a
+    handful of samples), b"f" | partition | group id -> fired marker (i64 ts).
+
+Delivery guarantee: effectively once
+    Faust is at least once: an input's offset is committed after it was processed, and its outputs
+    (the Trajectory, awaited until Kafka acknowledged it, then the table entries, which Faust's
+    producer flushes before it commits) are written before that. A worker killed between its
+    outputs and the next commit re-reads those inputs and may publish a trajectory again. Every copy
+    is the same fact: the event id is uuid5(session id) and the bytes are equal (the core is
+    deterministic and the tree does not depend on how inputs interleave), so a consumer that drops
+    repeated event ids (`bus.dedupe.Deduplicator`) processes each trajectory exactly once. BatchReady
+    copies share uuid5(group id) (their `ready_groups` counter may differ: it counts this worker's
+    batches since it started). `processing_guarantee="exactly_once"` (Faust transactions) is
+    accepted by the config; this module does not rely on it.
+
+Local RocksDB ahead of the changelog
+    Faust writes a table entry to RocksDB at once and to the changelog asynchronously. A worker
+    killed in between restarts with local entries the changelog lacks; re-read inputs are then
+    duplicates, so nothing would ever write those entries again, and a later recovery from the
+    changelog alone would find a gap. A worker that starts on existing local state therefore
+    re-puts every entry of its partitions once after recovery (idempotent: entries never change).
+    Likewise the deltas of a session that has a close marker are deleted again after a recovery.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import struct
+import sys
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from agents_adapter.errors import AdapterError, ConfigError, RejectedCallError
+from agents_adapter.trajectory_core import (
+    AssemblerConfig,
+    Emitted,
+    GroupTracker,
+    SessionDelta,
+    TrajectoryAssembler,
+)
+from bus.admin import ensure_topics
+from bus.config import BusConfig
+from bus.errors import BusError
+from bus.faust_app import CODEC, create_faust_app, typed_events
+from bus.producer import EventProducer
+from bus.topics import TopicSpec, spec
+from schemas.events import (
+    BatchReady,
+    DeadLetter,
+    Event,
+    LLMCall,
+    MetricSample,
+    SessionEnded,
+    SessionStarted,
+    TaskDispatched,
+    Trajectory,
+    now_ms,
+)
+
+log = logging.getLogger("sflow.agents_adapter.trajectories")
+_LOG: Final = {"service": "trajectory-processor"}
+
+TICK_METRIC: Final = "trajectory_processor.tick"
+_GUARANTEES: Final = ("at_least_once", "exactly_once")
+_LEVELS: Final = ("debug", "info", "warning", "error", "critical")
+
+
+# --- config ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProcessorConfig:
+    """Settings of the trajectory processor (validated at construction; errors name field and value).
+
+    bus: where Kafka is and the topic prefix.
+    app_id: Faust app id below the topic prefix: the consumer group, and the prefix of the
+        processor's internal topics (`<app>-ticks`, `<app>-groups`, the table changelogs).
+    data_dir: where Faust keeps its RocksDB tables (a cache of the changelogs; deleting it only
+        makes the next start recover from the changelog topics).
+    producer: the `producer` field of Trajectory and BatchReady events; part of their bytes, so a
+        replay that compares bytes must use the same value.
+    ttl_ms: a session with no input for this long is closed with status timeout.
+    tick_interval_s: how often the TTL timer ticks (a timeout fires at most this late).
+    closed_retention_ms: how long a closed session's tombstone (and a fired group's marker) drops
+        late inputs; must cover the longest redelivery after a restart.
+    group_size: samples per task group when neither TaskDispatched nor the session metadata says
+        (None: such groups never produce BatchReady).
+    group_size_key: SessionStarted metadata key holding the group size.
+    wait_for_calls: keep a session open until SessionEnded.num_calls calls arrived (or the TTL).
+    commit_interval_s: Faust's offset commit interval (how much a killed worker re-reads).
+    session_timeout_s: Kafka consumer session timeout (how long a killed worker holds its
+        partitions before the group rebalances them; the broker's minimum is 6 s).
+    processing_guarantee: "at_least_once" (default; see the module doc) or "exactly_once".
+    log_level: the worker's log level.
+    """
+
+    bus: BusConfig = field(default_factory=BusConfig)
+    app_id: str = "trajectory-processor"
+    data_dir: Path = Path("data/trajectory-processor")
+    producer: str = "trajectory-processor"
+    ttl_ms: int = 30 * 60_000
+    tick_interval_s: float = 5.0
+    closed_retention_ms: int = 3_600_000
+    group_size: int | None = None
+    group_size_key: str = "n_samples"
+    wait_for_calls: bool = True
+    commit_interval_s: float = 2.8
+    session_timeout_s: float = 30.0
+    processing_guarantee: str = "at_least_once"
+    log_level: str = "warning"
+
+    def __post_init__(self) -> None:
+        if not self.app_id or not all(c.isalnum() or c in "._-" for c in self.app_id):
+            raise ConfigError(f"app_id must be letters, digits, '.', '_' or '-', got {self.app_id!r}")
+        if self.ttl_ms < 1:
+            raise ConfigError(f"ttl_ms must be >= 1, got {self.ttl_ms!r}")
+        if not 0 < self.tick_interval_s <= 3600:
+            raise ConfigError(f"tick_interval_s must be in (0, 3600], got {self.tick_interval_s!r}")
+        if not 0 < self.commit_interval_s <= 600:
+            raise ConfigError(f"commit_interval_s must be in (0, 600], got {self.commit_interval_s!r}")
+        if not 6 <= self.session_timeout_s <= 300:
+            raise ConfigError(f"session_timeout_s must be in [6, 300] (broker limits), got {self.session_timeout_s!r}")
+        if self.processing_guarantee not in _GUARANTEES:
+            raise ConfigError(f"processing_guarantee must be one of {_GUARANTEES}, got {self.processing_guarantee!r}")
+        if self.log_level.lower() not in _LEVELS:
+            raise ConfigError(f"log_level must be one of {_LEVELS}, got {self.log_level!r}")
+        self.assembler_config()  # validates producer, group_size, group_size_key, closed_retention_ms
+
+    def assembler_config(self) -> AssemblerConfig:
+        """The core's settings: groups are counted by stage 2, not by the per-partition assemblers."""
+        return AssemblerConfig(
+            producer=self.producer,
+            group_size=self.group_size,
+            group_size_key=self.group_size_key,
+            closed_retention_ms=self.closed_retention_ms,
+            wait_for_calls=self.wait_for_calls,
+            track_groups=False,
+        )
+
+    @property
+    def partitions(self) -> int:
+        """Partitions of the session-keyed inputs (from the topic catalog); every internal topic has as many."""
+        calls, sessions = spec("llm.calls").partitions, spec("sessions").partitions
+        if calls != sessions:
+            raise ConfigError(f"llm.calls has {calls} partitions and sessions {sessions}: they must be co-partitioned")
+        return calls
+
+    @property
+    def ticks_topic(self) -> str:
+        return f"{self.app_id}-ticks"
+
+    @property
+    def groups_topic(self) -> str:
+        return f"{self.app_id}-groups"
+
+    @classmethod
+    def from_args(cls, argv: Sequence[str] | None = None) -> ProcessorConfig:
+        """The worker's command line; the bus comes from the environment (`BusConfig.from_env`)."""
+        d = cls.__dataclass_fields__
+        p = argparse.ArgumentParser(prog="python -m agents_adapter.trajectories",
+                                    description="SeamlessFlow trajectory processor (Faust worker)")
+        p.add_argument("--app-id", default=d["app_id"].default)
+        p.add_argument("--data-dir", type=Path, default=d["data_dir"].default)
+        p.add_argument("--producer", default=d["producer"].default)
+        p.add_argument("--ttl-ms", type=int, default=d["ttl_ms"].default)
+        p.add_argument("--tick-interval-s", type=float, default=d["tick_interval_s"].default)
+        p.add_argument("--closed-retention-ms", type=int, default=d["closed_retention_ms"].default)
+        p.add_argument("--group-size", type=int, default=None)
+        p.add_argument("--group-size-key", default=d["group_size_key"].default)
+        p.add_argument("--no-wait-for-calls", dest="wait_for_calls", action="store_false")
+        p.add_argument("--commit-interval-s", type=float, default=d["commit_interval_s"].default)
+        p.add_argument("--session-timeout-s", type=float, default=d["session_timeout_s"].default)
+        p.add_argument("--processing-guarantee", default=d["processing_guarantee"].default, choices=_GUARANTEES)
+        p.add_argument("--log-level", default=d["log_level"].default, choices=_LEVELS)
+        args = p.parse_args(argv)
+        try:
+            bus = BusConfig.from_env(client_id=args.app_id)
+        except (BusError, ValueError) as e:
+            raise ConfigError(f"bus settings from the environment: {e}") from e
+        return cls(bus=bus, **{k: v for k, v in vars(args).items()})
+
+
+# --- table keys --------------------------------------------------------------------------------
+
+_KEY_HEAD = struct.Struct(">cHH")
+_SEQ = struct.Struct(">I")
+_TS = struct.Struct("<q")
+DELTA, CLOSED, GROUP, FIRED = b"d", b"c", b"g", b"f"
+
+
+@dataclass(frozen=True, slots=True)
+class TableKey:
+    """A parsed table key: kind (DELTA, CLOSED, GROUP, FIRED), partition, entity id, delta seq."""
+
+    kind: bytes
+    partition: int
+    entity: str
+    seq: int = 0
+
+    def to_bytes(self) -> bytes:
+        raw = self.entity.encode()
+        head = _KEY_HEAD.pack(self.kind, self.partition, len(raw)) + raw
+        return head + _SEQ.pack(self.seq) if self.kind == DELTA else head
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> TableKey:
+        try:
+            kind, partition, n = _KEY_HEAD.unpack_from(data, 0)
+            end = _KEY_HEAD.size + n
+            entity = bytes(data[_KEY_HEAD.size:end]).decode()
+            seq = _SEQ.unpack_from(data, end)[0] if kind == DELTA else 0
+            if len(data) != end + (_SEQ.size if kind == DELTA else 0) or kind not in (DELTA, CLOSED, GROUP, FIRED):
+                raise ValueError(f"kind {kind!r}, {len(data)} bytes")
+        except (struct.error, UnicodeDecodeError, ValueError) as e:
+            raise AdapterError(f"not a trajectory-processor table key: {data[:40]!r}: {e}") from e
+        return cls(kind, partition, entity, seq)
+
+
+# --- stage 2 records ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GroupRecord:
+    """What stage 1 (or a TaskDispatched) tells stage 2 about a group, on `<app>-groups` keyed by group.
+
+    kind "member": a closed session's trajectory (size = the session's group size from its
+    metadata, 0 if none); kind "size": a group's size from TaskDispatched.
+    """
+
+    kind: str
+    group_id: str
+    task_id: str = ""
+    size: int = 0
+    trajectory_id: str = ""
+    min_version: int = -1
+    max_version: int = -1
+    ts_ms: int = 0
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(self.__dict__, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> GroupRecord:
+        try:
+            record = cls(**json.loads(data))
+        except (ValueError, TypeError) as e:
+            raise AdapterError(f"undecodable group record: {e}") from e
+        if record.kind not in ("member", "size") or not record.group_id or record.size < 0:
+            raise AdapterError(f"invalid group record {record!r}")
+        return record
+
+
+def _group_value(tracker: GroupTracker, group_id: str) -> bytes | None:
+    state = tracker.group_state(group_id)
+    if state is None:
+        return None
+    return json.dumps({"size": state.size, "task": state.task_id, "members": state.members}).encode()
+
+
+def _restore_group(tracker: GroupTracker, group_id: str, value: bytes) -> list[BatchReady]:
+    data = json.loads(value)
+    batches = [tracker.expect(group_id, data["size"], data["task"])] if data["size"] else []
+    batches += [tracker.add_member(group_id, tid, data["task"], lo, hi, ts) for tid, lo, hi, ts in data["members"]]
+    return [b for b in batches if b is not None]
+
+
+# --- per-partition state -----------------------------------------------------------------------
+
+
+@dataclass
+class _Partition:
+    """Stage-1 state of one input partition: the assembler and what the shell knows of its table."""
+
+    assembler: TrajectoryAssembler
+    stored: dict[str, int] = field(default_factory=dict)  # open session -> deltas in the table (seq 0..n-1)
+    group_sizes: dict[str, int] = field(default_factory=dict)
+    closed: dict[str, int] = field(default_factory=dict)  # tombstones in the table: session -> close ts
+    pending: list[tuple[bytes, bytes | None]] = field(default_factory=list)  # writes for the next event
+
+
+@dataclass
+class _Groups:
+    """Stage-2 state of one groups partition."""
+
+    stored: set[str] = field(default_factory=set)
+    fired: dict[str, int] = field(default_factory=dict)
+    pending: list[tuple[bytes, bytes | None]] = field(default_factory=list)
+    pending_batches: list[BatchReady] = field(default_factory=list)
+    last_cleanup_ms: int = 0
+
+
+# --- the processor -----------------------------------------------------------------------------
+
+
+class TrajectoryProcessor:
+    """Builds the Faust app (agents, tables, timer) for a config; `worker` runs it."""
+
+    def __init__(self, config: ProcessorConfig) -> None:
+        self.config = config
+        self.bus = config.bus
+        self.n_partitions = config.partitions
+        self.app: Any = create_faust_app(
+            config.app_id,
+            config.bus,
+            config.data_dir,
+            topic_partitions=self.n_partitions,
+            broker_commit_interval=config.commit_interval_s,
+            broker_session_timeout=config.session_timeout_s,
+            broker_heartbeat_interval=min(3.0, config.session_timeout_s / 4),
+            processing_guarantee=config.processing_guarantee,
+        )
+        self.group_id = self.app.conf.id
+        self._local_state_at_start = self._has_local_state()
+        self._resynced = False
+        self._dlq: EventProducer | None = None
+        self._partitions: dict[int, _Partition] = {}
+        self._groups: dict[int, _Groups] = defaultdict(_Groups)
+        self.tracker = GroupTracker(config.group_size, config.producer)
+        self._define()
+
+    # --- wiring ---
+
+    def _define(self) -> None:
+        app, bus, cfg = self.app, self.bus, self.config
+        options = {"write_buffer_size": 8 << 20, "block_cache_size": 64 << 20, "max_open_files": 256}
+        self.sessions_table = app.Table("sessions", key_type=bytes, value_type=bytes, key_serializer="raw",
+                                        value_serializer="raw", partitions=self.n_partitions, options=options)
+        self.groups_table = app.Table("groups", key_type=bytes, value_type=bytes, key_serializer="raw",
+                                      value_serializer="raw", partitions=self.n_partitions, options=options)
+        self.sessions_table.on_recover(self._on_sessions_recovered)
+        self.groups_table.on_recover(self._on_groups_recovered)
+        self.calls_topic_name = bus.topic("llm.calls")
+        self.ticks_topic_name = bus.topic(cfg.ticks_topic)
+        self.ticks = app.topic(self.ticks_topic_name, value_serializer=CODEC, key_serializer="raw")
+        inputs = app.topic(self.calls_topic_name, bus.topic("sessions"), self.ticks_topic_name,
+                           value_serializer=CODEC, key_serializer="raw")
+        self.out = app.topic(bus.topic("trajectories"), value_serializer=CODEC, key_serializer="raw")
+        self.group_records = app.topic(bus.topic(cfg.groups_topic), value_serializer="raw", key_serializer="raw")
+        tasks = app.topic(bus.topic("tasks"), value_serializer=CODEC, key_serializer="raw")
+        app.agent(inputs, name="session-stage")(self._sessions_agent)
+        app.agent(self.group_records, name="group-stage")(self._groups_agent)
+        app.agent(tasks, name="task-sizes")(self._tasks_agent)
+        app.timer(cfg.tick_interval_s)(self._tick)
+
+    def internal_topics(self) -> list[TopicSpec]:
+        """The processor's own topics, co-partitioned with the inputs."""
+        hour = 3_600_000
+        return [
+            TopicSpec(self.config.ticks_topic, self.n_partitions, "partition", (MetricSample,), retention_ms=hour),
+            TopicSpec(self.config.groups_topic, self.n_partitions, "group", (), retention_ms=7 * 24 * hour),
+        ]
+
+    def prepare_topics(self) -> None:
+        """Creates the catalog topics it reads and writes and its internal topics (idempotent)."""
+        needed = [spec(n) for n in ("llm.calls", "sessions", "trajectories", "tasks", "dlq")]
+        ensure_topics(self.bus, [*needed, *self.internal_topics()])
+
+    def _has_local_state(self) -> bool:
+        tables = Path(self.app.conf.tabledir)
+        return tables.is_dir() and any(p.name.endswith(".db") for p in tables.iterdir())
+
+    @property
+    def dlq(self) -> EventProducer:
+        if self._dlq is None:
+            self._dlq = EventProducer(self.bus, producer_id=f"{self.config.producer}-dlq")
+        return self._dlq
+
+    # --- stage 1: sessions ---
+
+    async def _sessions_agent(self, stream: Any) -> None:
+        async for event in typed_events(stream, self.dlq, self.bus, self.group_id):
+            message = stream.current_event.message
+            try:
+                await self._on_input(message.partition, message.topic, event)
+            except (PublishFailed, asyncio.CancelledError):
+                raise
+            except Exception as e:  # a poison message must not stop the processor
+                log.exception("input %s[%d]@%d failed", message.topic, message.partition, message.offset, extra=_LOG)
+                await self._dead_letter(message, f"processing failed: {type(e).__name__}: {e}")
+
+    async def _on_input(self, p: int, topic: str, event: Event) -> None:
+        part = self._partition(p)
+        self._flush_pending(self.sessions_table, part.pending)
+        is_tick_topic = topic == self.ticks_topic_name
+        if is_tick_topic and isinstance(event, MetricSample) and event.name == TICK_METRIC:
+            emitted = part.assembler.expire(event.ts_ms, self.config.ttl_ms)
+            self._forget_tombstones(p, part, event.ts_ms - self.config.closed_retention_ms)
+        elif not is_tick_topic and isinstance(event, (LLMCall, SessionStarted, SessionEnded)):
+            try:
+                emitted = part.assembler.on_event(event)
+            except RejectedCallError as e:
+                await self._dead_letter(self._current_message(), f"rejected call: {e}")
+                return
+        else:
+            await self._dead_letter(self._current_message(), f"unexpected {event.event_type} on {topic}")
+            return
+        await self._apply(p, part, emitted)
+
+    async def _apply(self, p: int, part: _Partition, emitted: Emitted) -> None:
+        """Outputs of one input, in the order that makes a crash at any point safe (module doc)."""
+        closing = set(emitted.closed_sessions)
+        for delta in emitted.deltas:
+            if delta.group_size:
+                part.group_sizes[delta.session_id] = delta.group_size
+        for trajectory in emitted.trajectories:
+            await self._publish(trajectory)
+            size = part.group_sizes.get(trajectory.session_id, 0)
+            if trajectory.group_id:
+                await self._send_group_record(GroupRecord(
+                    "member", trajectory.group_id, trajectory.task_id, size, trajectory.trajectory_id,
+                    trajectory.min_version, trajectory.max_version, trajectory.ts_ms))
+        table = self.sessions_table
+        for delta in emitted.deltas:
+            if delta.session_id in closing:
+                continue
+            if delta.seq != part.stored.get(delta.session_id, 0):
+                raise AdapterError(f"session {delta.session_id!r}: delta seq {delta.seq} does not follow the table")
+            table[TableKey(DELTA, p, delta.session_id, delta.seq).to_bytes()] = delta.to_bytes()
+            part.stored[delta.session_id] = delta.seq + 1
+        for trajectory in emitted.trajectories:
+            sid = trajectory.session_id
+            for seq in range(part.stored.pop(sid, 0)):
+                del table[TableKey(DELTA, p, sid, seq).to_bytes()]
+            part.group_sizes.pop(sid, None)
+            table[TableKey(CLOSED, p, sid).to_bytes()] = _TS.pack(trajectory.ts_ms)
+            part.closed[sid] = trajectory.ts_ms
+        await self._wait_buffered()
+
+    def _forget_tombstones(self, p: int, part: _Partition, horizon_ms: int) -> None:
+        for sid in [s for s, ts in part.closed.items() if ts < horizon_ms]:
+            del self.sessions_table[TableKey(CLOSED, p, sid).to_bytes()]
+            del part.closed[sid]
+
+    def _partition(self, p: int) -> _Partition:
+        part = self._partitions.get(p)
+        if part is None:
+            part = self._partitions[p] = _Partition(TrajectoryAssembler(self.config.assembler_config()))
+        return part
+
+    async def _on_sessions_recovered(self) -> None:
+        """Rebuilds the assemblers of this worker's partitions from the table (after every rebalance)."""
+        resync = self._local_state_at_start and not self._resynced
+        self._resynced = True
+        deltas: dict[tuple[int, str], list[tuple[int, bytes]]] = defaultdict(list)
+        tombstones: list[tuple[TableKey, int]] = []
+        raw_items: list[tuple[bytes, bytes]] = []
+        for raw_key, value in self.sessions_table.items():
+            key = TableKey.from_bytes(raw_key)
+            if resync:
+                raw_items.append((raw_key, value))
+            if key.kind == DELTA:
+                deltas[(key.partition, key.entity)].append((key.seq, value))
+            elif key.kind == CLOSED:
+                tombstones.append((key, _TS.unpack(value)[0]))
+        self._partitions = {}
+        for key, ts in tombstones:
+            part = self._partition(key.partition)
+            part.assembler.restore_closed(key.entity, ts)
+            part.closed[key.entity] = ts
+        restored = 0
+        for (p, sid), entries in sorted(deltas.items()):
+            part = self._partition(p)
+            entries.sort()
+            if sid in part.closed:  # closed, but the deletes did not reach the changelog: delete again
+                part.pending += [(TableKey(DELTA, p, sid, seq).to_bytes(), None) for seq, _ in entries]
+                continue
+            for i, (seq, value) in enumerate(entries):
+                try:
+                    delta = SessionDelta.from_bytes(value)
+                    part.assembler.restore(delta)
+                except AdapterError as e:  # a gap: keep the prefix, drop the rest (and its entries)
+                    log.error("session %s restored from %d of its %d table entries: %s", sid, i, len(entries), e,
+                              extra={**_LOG, "session": sid})
+                    part.pending += [(TableKey(DELTA, p, sid, s).to_bytes(), None) for s, _ in entries[i:]]
+                    break
+                if delta.group_size:
+                    part.group_sizes[sid] = delta.group_size
+                part.stored[sid] = seq + 1
+            restored += 1
+        for raw_key, value in raw_items:
+            self._partition(TableKey.from_bytes(raw_key).partition).pending.append((raw_key, value))
+        log.info("recovered %d open sessions, %d closed markers%s", restored, len(tombstones),
+                 f", re-putting {len(raw_items)} entries" if resync else "", extra=_LOG)
+
+    # --- stage 2: groups ---
+
+    async def _tasks_agent(self, stream: Any) -> None:
+        async for event in typed_events(stream, self.dlq, self.bus, self.group_id):
+            if isinstance(event, TaskDispatched) and event.group_id and event.n_samples > 0:
+                await self._send_group_record(GroupRecord("size", event.group_id, event.task_id, event.n_samples))
+
+    async def _groups_agent(self, stream: Any) -> None:
+        async for fevent in stream.events():
+            message = fevent.message
+            try:
+                record = GroupRecord.from_bytes(fevent.value)
+                await self._on_group_record(message.partition, record)
+            except (PublishFailed, asyncio.CancelledError):
+                raise
+            except Exception as e:
+                log.exception("group record %s[%d]@%d failed", message.topic, message.partition, message.offset,
+                              extra=_LOG)
+                await self._dead_letter(message, f"processing failed: {type(e).__name__}: {e}")
+
+    async def _on_group_record(self, p: int, record: GroupRecord) -> None:
+        state = self._groups[p]
+        table, tracker, gid = self.groups_table, self.tracker, record.group_id
+        self._flush_pending(table, state.pending)
+        for batch in state.pending_batches:
+            await self._fired(p, state, batch)
+        state.pending_batches.clear()
+        batches = [tracker.expect(gid, record.size, record.task_id)] if record.size else []
+        if record.kind == "member":
+            batches.append(tracker.add_member(gid, record.trajectory_id, record.task_id, record.min_version,
+                                              record.max_version, record.ts_ms))
+        fired = [b for b in batches if b is not None]
+        for batch in fired:
+            await self._fired(p, state, batch)
+        if not fired:
+            value = _group_value(tracker, gid)
+            if value is not None:
+                table[TableKey(GROUP, p, gid).to_bytes()] = value
+                state.stored.add(gid)
+        self._cleanup_groups(p, state)
+        await self._wait_buffered()
+
+    async def _fired(self, p: int, state: _Groups, batch: BatchReady) -> None:
+        """Publishes a BatchReady, then replaces the group's entry by its fired marker."""
+        await self._publish(batch)
+        gid = batch.group_id
+        if gid in state.stored:
+            del self.groups_table[TableKey(GROUP, p, gid).to_bytes()]
+            state.stored.discard(gid)
+        self.groups_table[TableKey(FIRED, p, gid).to_bytes()] = _TS.pack(batch.ts_ms)
+        state.fired[gid] = batch.ts_ms
+
+    def _cleanup_groups(self, p: int, state: _Groups) -> None:
+        now = now_ms()
+        if now - state.last_cleanup_ms < 60_000:
+            return
+        state.last_cleanup_ms = now
+        horizon = now - self.config.closed_retention_ms
+        for gid in [g for g, ts in state.fired.items() if ts < horizon]:
+            del self.groups_table[TableKey(FIRED, p, gid).to_bytes()]
+            del state.fired[gid]
+        self.tracker.forget(horizon)
+
+    async def _on_groups_recovered(self) -> None:
+        resync = self._local_state_at_start
+        self.tracker = GroupTracker(self.config.group_size, self.config.producer)
+        self._groups = defaultdict(_Groups)
+        for raw_key, value in self.groups_table.items():
+            key = TableKey.from_bytes(raw_key)
+            state = self._groups[key.partition]
+            if resync:
+                state.pending.append((raw_key, value))
+            if key.kind == FIRED:
+                ts = _TS.unpack(value)[0]
+                self.tracker.restore_done(key.entity, ts)
+                state.fired[key.entity] = ts
+            elif key.kind == GROUP:
+                state.pending_batches += _restore_group(self.tracker, key.entity, value)
+                state.stored.add(key.entity)
+
+    # --- timer ---
+
+    async def _tick(self) -> None:
+        """Sends one tick to each input partition this worker owns (the TTL runs in stage 1)."""
+        now = now_ms()
+        owned = sorted(tp.partition for tp in self.app.assignor.assigned_actives() if tp.topic == self.calls_topic_name)
+        for p in owned:
+            tick = MetricSample(ts_ms=now, producer=self.config.producer, correlation_id=str(p),
+                                service=self.config.producer, name=TICK_METRIC, value=float(now),
+                                labels={"partition": str(p)})
+            await self.ticks.send(value=tick, partition=p)
+
+    # --- output ---
+
+    async def _publish(self, event: Trajectory | BatchReady) -> None:
+        """Publishes to `trajectories` and waits until Kafka acknowledged it (before the input is acked)."""
+        try:
+            pending = await self.out.send(key=event.key.encode(), value=event)
+            await pending
+        except Exception as e:
+            await self._fail(f"publishing {event.event_type} {event.correlation_id}", e)
+
+    async def _send_group_record(self, record: GroupRecord) -> None:
+        try:
+            pending = await self.group_records.send(key=record.group_id.encode(), value=record.to_bytes())
+            await pending
+        except Exception as e:
+            await self._fail(f"sending the group record of {record.group_id}", e)
+
+    async def _fail(self, what: str, error: Exception) -> None:
+        """Kafka refused an output: stop the worker (its restart re-reads the unacknowledged inputs)."""
+        log.critical("%s failed: %s; stopping the worker", what, error, extra=_LOG)
+        failure = PublishFailed(f"{what}: {error}")
+        await self.app.crash(failure)
+        raise failure from error
+
+    def _flush_pending(self, table: Any, pending: list[tuple[bytes, bytes | None]]) -> None:
+        """Table writes decided outside an event (recovery), done in the first event of their partition."""
+        for key, value in pending:
+            if value is None:
+                del table[key]
+            else:
+                table[key] = value
+        pending.clear()
+
+    async def _wait_buffered(self) -> None:
+        """Waits until Faust's producer buffer handed the changelog writes to the Kafka client, so the
+        commit's flush covers them (the buffer's own flush gives up on a slow send)."""
+        buffer = self.app.producer.buffer
+        for _ in range(10_000):
+            if not buffer.size:
+                return
+            await asyncio.sleep(0.001)
+
+    def _current_message(self) -> Any:
+        from faust import current_event
+
+        event = current_event()
+        if event is None:
+            raise AdapterError("no current Faust event")
+        return event.message
+
+    async def _dead_letter(self, message: Any, reason: str) -> None:
+        letter = DeadLetter(
+            source_topic=message.topic,
+            source_partition=message.partition,
+            source_offset=message.offset,
+            key_bytes=message.key if isinstance(message.key, bytes) else None,
+            value=message.value if isinstance(message.value, bytes) else None,
+            reason=reason,
+            consumer_group=self.group_id,
+            correlation_id=f"{message.topic}:{message.partition}:{message.offset}",
+            producer=self.config.producer,
+        )
+        await self.dlq.publish_async(letter, topic=self.bus.topic("dlq"))
+        log.warning("dead-lettered %s[%d]@%d: %s", message.topic, message.partition, message.offset, reason,
+                    extra=_LOG)
+
+
+class PublishFailed(AdapterError):
+    """Kafka did not take an output; the worker stops rather than acknowledge the input."""
+
+
+def worker(config: ProcessorConfig) -> None:
+    """Creates the topics, then runs the processor until it is stopped (SIGTERM / SIGINT)."""
+    import faust
+
+    processor = TrajectoryProcessor(config)
+    processor.prepare_topics()
+    log.info("trajectory processor %s on %s", processor.group_id, config.bus.bootstrap_servers, extra=_LOG)
+    faust.Worker(processor.app, loglevel=config.log_level, quiet=True).execute_from_commandline()
+
+
+def main(argv: Iterable[str] | None = None) -> None:
+    try:
+        config = ProcessorConfig.from_args(list(argv) if argv is not None else None)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from e
+    os.makedirs(config.data_dir, exist_ok=True)
+    worker(config)
+
+
+if __name__ == "__main__":
+    main()
