@@ -157,7 +157,9 @@ class AdapterConfig(BaseModel):
     long_request_timeout_s: float = Field(
         default=600.0, gt=0, description="Longest a call may be held (waiting for a resource, paused, resumed)."
     )
-    engine_connect_timeout_s: float = Field(default=5.0, gt=0, description="TCP connect timeout to an engine.")
+    avoid_grace_s: float = Field(
+        default=1.0, ge=0, description="How long a call preempted on a resource waits for another before going back."
+    )
     max_segments: int = Field(
         default=16, ge=1, description="Engine runs one call may be stitched from before it fails with 503."
     )

@@ -105,6 +105,14 @@ class InvalidParameterError(ProxyError):
     code = "invalid_parameter"
 
 
+class MalformedRequestError(ProxyError):
+    """The body is not JSON (FastAPI's convention: 422 Unprocessable Entity)."""
+
+    status_code = 422
+    error_type = "invalid_request_error"
+    code = "malformed_json"
+
+
 class PromptTooLongError(InvalidParameterError):
     """The prompt (after templating) is longer than max_prompt_tokens or leaves no room to generate."""
 

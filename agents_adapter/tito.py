@@ -195,7 +195,7 @@ class ChatCodec:
         self.convention = convention
         tool_reply = {"role": "assistant", "content": "", "tool_calls": [_PROBE_CALL]}
         tool_result = {"role": "tool", "tool_call_id": "call_probe", "content": "PROBE-RESULT"}
-        cases = [
+        cases: list[tuple[list[Message], Any, list[Message], list[Message]]] = [
             ([user], None, [reply], [nxt]),
             ([user], _PROBE_TOOLS, [tool_reply], [tool_result]),
             ([{"role": "system", "content": _PROBE_SYSTEM}, user], _PROBE_TOOLS, [tool_reply],

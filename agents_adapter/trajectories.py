@@ -350,8 +350,8 @@ class TrajectoryProcessor:
             processing_guarantee=config.processing_guarantee,
         )
         self.group_id = self.app.conf.id
-        self._local_state_at_start = self._has_local_state()
-        self._resynced = False
+        # tables whose entries are re-put once after the first recovery (module doc)
+        self._resync = {"sessions", "groups"} if self._has_local_state() else set()
         self._dlq: EventProducer | None = None
         self._partitions: dict[int, _Partition] = {}
         self._groups: dict[int, _Groups] = defaultdict(_Groups)
@@ -363,10 +363,10 @@ class TrajectoryProcessor:
     def _define(self) -> None:
         app, bus, cfg = self.app, self.bus, self.config
         options = {"write_buffer_size": 8 << 20, "block_cache_size": 64 << 20, "max_open_files": 256}
-        self.sessions_table = app.Table("sessions", key_type=bytes, value_type=bytes, key_serializer="raw",
-                                        value_serializer="raw", partitions=self.n_partitions, options=options)
-        self.groups_table = app.Table("groups", key_type=bytes, value_type=bytes, key_serializer="raw",
-                                      value_serializer="raw", partitions=self.n_partitions, options=options)
+        self.sessions_table = app.Table("sessions", key_type=bytes, value_type=bytes,
+                                        partitions=self.n_partitions, options=options)
+        self.groups_table = app.Table("groups", key_type=bytes, value_type=bytes,
+                                      partitions=self.n_partitions, options=options)
         self.sessions_table.on_recover(self._on_sessions_recovered)
         self.groups_table.on_recover(self._on_groups_recovered)
         self.calls_topic_name = bus.topic("llm.calls")
@@ -479,8 +479,8 @@ class TrajectoryProcessor:
 
     async def _on_sessions_recovered(self) -> None:
         """Rebuilds the assemblers of this worker's partitions from the table (after every rebalance)."""
-        resync = self._local_state_at_start and not self._resynced
-        self._resynced = True
+        resync = "sessions" in self._resync
+        self._resync.discard("sessions")
         deltas: dict[tuple[int, str], list[tuple[int, bytes]]] = defaultdict(list)
         tombstones: list[tuple[TableKey, int]] = []
         raw_items: list[tuple[bytes, bytes]] = []
@@ -586,7 +586,8 @@ class TrajectoryProcessor:
         self.tracker.forget(horizon)
 
     async def _on_groups_recovered(self) -> None:
-        resync = self._local_state_at_start
+        resync = "groups" in self._resync
+        self._resync.discard("groups")
         self.tracker = GroupTracker(self.config.group_size, self.config.producer)
         self._groups = defaultdict(_Groups)
         for raw_key, value in self.groups_table.items():

@@ -78,13 +78,14 @@ def run_matrix(
 def table(results: Sequence[tuple[SimResult, int]]) -> str:
     header = (
         f"{'pipeline':<20} {'train':>5} {'tokens/s':>10} {'samples/s':>9} {'util':>6} {'bubble':>7} "
-        f"{'overhd':>7} {'stale':>5} {'step s':>7}"
+        f"{'overhd':>7} {'stale':>5} {'step s':>7} {'batch':>6}"
     )
     lines = [header, "-" * len(header)]
     for r, k in results:
         lines.append(
             f"{r.pipeline:<20} {k:>5} {r.tokens_per_s:>10.0f} {r.samples_per_s:>9.2f} {r.utilisation:>6.1%} "
-            f"{r.bubble:>7.1%} {r.overhead:>7.1%} {r.mean_staleness:>5.2f} {r.mean_step_s:>7.1f}"
+            f"{r.bubble:>7.1%} {r.overhead:>7.1%} {r.mean_staleness:>5.2f} {r.mean_step_s:>7.1f} "
+            f"{r.mean_decode_batch:>6.1f}"
         )
     return "\n".join(lines)
 
@@ -183,6 +184,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                     )
                 )
         scaling_lines = [] if args.quick else scaling(4, [32, 64, 256, 1024], progress)
+    print(
+        "\ncolumns: train = engines carrying the train tag; util / bubble / overhd = shares of device time "
+        "busy / with nothing to do / switching, loading weights or re-prefilling; stale = mean policy lag of "
+        "trained groups; batch = running sequences per decoding engine (time-weighted)"
+    )
     for workload, devices, results in blocks:
         print(f"\n== {workload}, {devices} x H800 ==")
         print(table(results))

@@ -31,14 +31,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
+import torch
+from rich.console import Console
+from rich.table import Table
 
-from schemas.events import Trajectory, TrajectoryNode  # noqa: E402
-from trainer_svc.config import AlgorithmConfig, EngineConfig, TrainerConfig  # noqa: E402
-from trainer_svc.trainer import Trainer  # noqa: E402
-from trainer_svc.tree_pack import pack_tree  # noqa: E402
+from schemas.events import Trajectory, TrajectoryNode
+from trainer_svc.config import AlgorithmConfig, EngineConfig, TrainerConfig
+from trainer_svc.trainer import Trainer
+from trainer_svc.tree_pack import pack_tree
 
 VOCAB = 256
 GROUP_SIZE = 4
@@ -109,15 +109,23 @@ def per_branch(sessions: list[Trajectory]) -> list[Trajectory]:
     return branches
 
 
-def time_steps(trainer: Trainer, batch: list[Trajectory], steps: int) -> tuple[float, int, int]:
-    """Median seconds of a train step (after one warm-up step), forwarded tokens, micro-batches."""
-    result = trainer.train_step(batch, trainer.version)
-    times = []
-    for _ in range(steps):
-        started = time.perf_counter()
+Run = tuple[Trainer, list[Trajectory]]
+
+
+def time_interleaved(runs: dict[str, Run], steps: int) -> dict[str, tuple[float, int, int]]:
+    """Median seconds of a train step per run, with the runs' steps interleaved so that load from other
+    processes on the machine hits every run alike; also forwarded tokens and micro-batches of a step."""
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    shape: dict[str, tuple[int, int]] = {}
+    for name, (trainer, batch) in runs.items():  # warm-up step
         result = trainer.train_step(batch, trainer.version)
-        times.append(time.perf_counter() - started)
-    return statistics.median(times), result.num_tokens, result.num_micro_batches
+        shape[name] = (result.num_tokens, result.num_micro_batches)
+    for _ in range(steps):
+        for name, (trainer, batch) in runs.items():
+            started = time.perf_counter()
+            trainer.train_step(batch, trainer.version)
+            times[name].append(time.perf_counter() - started)
+    return {name: (statistics.median(times[name]), *shape[name]) for name in runs}
 
 
 def main() -> None:
@@ -133,7 +141,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    console = Console()
+    console = Console(width=130)
 
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = args.model
@@ -154,22 +162,23 @@ def main() -> None:
                 algorithm=AlgorithmConfig(max_staleness=None),
             ))
 
-        rows = []
-        for mode, batch in (("tree-packed", sessions), ("per-branch", branches)):
-            seconds, forwarded, micro_batches = time_steps(trainer(0), batch, args.steps)
-            rows.append((mode, len(batch), forwarded, micro_batches, seconds))
-
-        zero_rows = []
-        for stage in (0, 1, 2):
-            seconds, forwarded, _ = time_steps(trainer(stage), sessions, args.steps)
-            zero_rows.append((stage, seconds, forwarded))
+        tree_trainer = trainer(0)
+        timed = time_interleaved({"tree-packed": (tree_trainer, sessions), "per-branch": (trainer(0), branches)},
+                                 args.steps)
+        rows = [(mode, len(batch), *timed[mode]) for mode, batch in (("tree-packed", sessions),
+                                                                      ("per-branch", branches))]
+        zero_timed = time_interleaved(
+            {str(stage): (tree_trainer if stage == 0 else trainer(stage), sessions) for stage in (0, 1, 2)},
+            args.steps,
+        )
+        zero_rows = [(stage, zero_timed[str(stage)][0], zero_timed[str(stage)][1]) for stage in (0, 1, 2)]
 
     table = Table(title=f"train step, {args.sessions} sessions ({branch_tokens} branch tokens, "
                         f"{tree_tokens} tree tokens), ZeRO 0, fp32, {args.threads} thread(s)")
     for column in ("mode", "trajectories", "forwarded tokens", "micro-batches", "step s (median)",
                    "forwarded tok/s", "session tok/s"):
         table.add_column(column, justify="right")
-    for mode, count, forwarded, micro_batches, seconds in rows:
+    for mode, count, seconds, forwarded, micro_batches in rows:
         table.add_row(mode, str(count), str(forwarded), str(micro_batches), f"{seconds:.3f}",
                       f"{forwarded / seconds:,.0f}", f"{branch_tokens / seconds:,.0f}")
     console.print(table)
@@ -181,7 +190,7 @@ def main() -> None:
         zero_table.add_row(str(stage), f"{seconds:.3f}", f"{forwarded / seconds:,.0f}")
     console.print(zero_table)
 
-    tree_seconds, branch_seconds = rows[0][4], rows[1][4]
+    tree_seconds, branch_seconds = rows[0][2], rows[1][2]
     print(f"FLOP saving (branch tokens / tree tokens): {branch_tokens / tree_tokens:.2f}x")
     print(f"ratio tree-packed vs per-branch tokens/s: {branch_seconds / tree_seconds:.2f}x")
 

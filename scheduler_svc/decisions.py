@@ -34,6 +34,9 @@ class ResourceRegistered:
 
 @dataclass(frozen=True, slots=True)
 class Heartbeat:
+    """Liveness of a resource. Heartbeats of a resource already declared lost are ignored: its engine
+    state is unknown, so it comes back by registering again (ResourceRegistered)."""
+
     t: float
     resource_id: str
 

@@ -12,8 +12,12 @@ the compute-rich devices. The switching rule is the same for every policy:
   go back to rollout; the others wait idle for the next step.
 
 `max_staleness` is the bound on the policy-version lag of trained data (AReaL's
-max_head_offpolicyness): 0 = synchronous on-policy, 1 = one-step asynchronous. `train_microbatches`
-> 1 lets a train step start on the first micro-batch and stream the rest in (DeepCoder-style).
+max_head_offpolicyness): 0 = synchronous on-policy, 1 = one-step asynchronous. With
+`strict_staleness` (the default) the bound holds for every trained group, stragglers included: a step
+waits for groups that would otherwise become too old (see rollout_manager); without it only the
+dispatch budget applies, i.e. AReaL's head-only bound, and a straggler may be trained on later.
+`train_microbatches` > 1 lets a train step start on the first micro-batch and stream the rest in
+(DeepCoder-style).
 
 Colocated, disaggregated and spatiotemporal multiplexing are just three tag layouts of this model.
 """

@@ -10,17 +10,21 @@ answers the next observation identically.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from scheduler_svc.decisions import (
     OBSERVATION_TYPES,
+    Assignment,
     Decision,
     Observation,
     Record,
     ResourceDown,
+    ResourceLost,
     SampleCompleted,
     Tick,
+    WeightSyncStarted,
 )
 from scheduler_svc.errors import SchedulerError
 from scheduler_svc.loader import StreamingDataLoader, Task
@@ -28,7 +32,9 @@ from scheduler_svc.policies import TagPolicy
 from scheduler_svc.pool import ResourcePool
 from scheduler_svc.rollout_manager import RolloutManager
 from scheduler_svc.settings import SchedulerSettings
-from scheduler_svc.tags import ROLLOUT, WEIGHT_SYNC
+from scheduler_svc.tags import ROLLOUT, TRAIN, WEIGHT_SYNC
+
+log = logging.getLogger(__name__)
 
 
 class Scheduler:
@@ -117,6 +123,26 @@ class Scheduler:
     def _emit(self, decision: Decision) -> None:
         self.apply(decision)
         self._out.append(decision)
+        if isinstance(decision, ResourceLost):
+            log.warning(
+                "resource lost",
+                extra={"service": "scheduler", "resource": decision.resource_id, "cause": decision.cause},
+            )
+        elif isinstance(decision, Assignment) and decision.task_kind == TRAIN:
+            log.info(
+                "train step assigned",
+                extra={
+                    "service": "scheduler",
+                    "step": decision.step,
+                    "resources": len(decision.resource_ids),
+                    "version": decision.policy_version,
+                },
+            )
+        elif isinstance(decision, WeightSyncStarted) and len(decision.resource_ids) > 1:
+            log.info(
+                "weight sync",
+                extra={"service": "scheduler", "version": decision.version, "resources": len(decision.resource_ids)},
+            )
 
     def _lose(self, resource_id: str, cause: str) -> None:
         for d in self.pool.plan_loss(resource_id, cause):

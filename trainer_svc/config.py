@@ -45,8 +45,8 @@ def _check_number(
     name: str, value: object, *, low: float | None = None, high: float | None = None,
     low_open: bool = False, integer: bool = False,
 ) -> None:
-    kinds: tuple[type, ...] = (int,) if integer else (int, float)
-    if isinstance(value, bool) or not isinstance(value, kinds) or not math.isfinite(value):
+    wrong_kind = isinstance(value, bool) or not isinstance(value, int if integer else (int, float))
+    if wrong_kind or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise _fail(name, value, "must be a finite " + ("integer" if integer else "number"))
     if low is not None and (value <= low if low_open else value < low):
         raise _fail(name, value, f"must be {'>' if low_open else '>='} {low}")

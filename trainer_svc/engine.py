@@ -87,7 +87,7 @@ def build_optimizer(params: list[nn.Parameter], config: EngineConfig, learning_r
         try:
             from deepspeed.ops.adam import DeepSpeedCPUAdam
 
-            return DeepSpeedCPUAdam(  # type: ignore[no-any-return]
+            return DeepSpeedCPUAdam(
                 params, lr=learning_rate, betas=betas, eps=config.adam_eps, weight_decay=config.weight_decay,
                 adamw_mode=True,
             )
@@ -132,7 +132,7 @@ class TrainEngine:
 
     @property
     def module(self) -> nn.Module:
-        return self.engine.module  # type: ignore[no-any-return]
+        return self.engine.module
 
     @property
     def dtype(self) -> torch.dtype:

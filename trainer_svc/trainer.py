@@ -15,7 +15,9 @@ One train step (policy version v -> v + 1):
      proximal policy *is* the current one, so the training forward's detached logprobs are used;
   5. for each epoch and update: micro-batch forward, decoupled PPO loss, backward; one optimizer step.
 Loss weights are computed per update over all its micro-batches, so the result does not depend on
-how the trees were split into micro-batches.
+how the trees were split into micro-batches. GRPO baselines come from the trajectories of the step:
+the shell should hand over whole groups (`BatchReady`), or a group's baseline is partial.
+Trajectories with a skipped status (default: aborted) or without tokens are not trained on.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import time
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, cast
 
 import torch
 from torch import Tensor, nn
@@ -60,6 +62,12 @@ from trainer_svc.tree_pack import (
 )
 
 log = logging.getLogger(__name__)
+
+
+class _PretrainedModel(Protocol):
+    """The part of a transformers model a checkpoint needs."""
+
+    def save_pretrained(self, save_directory: Path, *, safe_serialization: bool) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -182,11 +190,12 @@ class Trainer:
         if policy_version != self.version:
             raise BatchError(f"policy_version={policy_version}, but the trainer holds version {self.version}")
         algo = self.config.algorithm
-        kept = [t for t in trajectories if t.status not in algo.skip_statuses]
-        skipped = tuple(t.trajectory_id for t in trajectories if t.status in algo.skip_statuses)
+        kept = [t for t in trajectories if t.status not in algo.skip_statuses and t.nodes]
+        skipped = tuple(t.trajectory_id for t in trajectories if t.status in algo.skip_statuses or not t.nodes)
         if not kept:
-            raise BatchError(f"no trajectory to train on ({len(trajectories)} given, all skipped by status)")
-        trees = [self._pack(t) for t in kept]
+            raise BatchError(f"no trajectory to train on ({len(trajectories)} given, all skipped: "
+                             f"status in {algo.skip_statuses} or no tokens)")
+        trees = [pack_trajectory(t) for t in kept]
         rewards = torch.tensor([float(t.reward) for t in kept], dtype=torch.float32)
 
         histogram: list[int] = []
@@ -205,7 +214,7 @@ class Trainer:
             for update in updates:
                 weights = self._token_weights(update, len(kept))
                 for mb, w in zip(update, weights, strict=True):
-                    stats = stats.merge(self._policy_backward(mb, w, policy_version))
+                    stats = stats.merge(self._policy_backward(mb, w))
                 grad_norm = self.policy.step()
                 if self.critic is not None:
                     for mb, w in zip(update, weights, strict=True):
@@ -217,7 +226,7 @@ class Trainer:
         passes = algo.ppo_epochs
         stale = sum(int((t.loss_mask & ~fresh_mask(t.loss_mask, t.versions, policy_version, algo.max_staleness))
                         .sum()) for t in trees)
-        return StepResult(
+        result = StepResult(
             step=self.step,
             policy_version=policy_version,
             new_version=self.version,
@@ -244,12 +253,13 @@ class Trainer:
             trajectory_ids=tuple(t.trajectory_id for t in kept),
             skipped_trajectory_ids=skipped,
         )
-
-    def _pack(self, trajectory: Trajectory) -> PackedTree:
-        try:
-            return pack_tree(trajectory.nodes)
-        except TreePackError as e:
-            raise BatchError(f"trajectory {trajectory.trajectory_id!r}: {e}") from e
+        log.info(
+            "train step %d: version %d -> %d, loss %.4f, reward %.3f, %d tokens in %.0f ms",
+            result.step, policy_version, result.new_version, result.loss, result.reward_mean, result.num_tokens,
+            result.duration_ms,
+            extra={"service": "trainer", "step": result.step, "version": result.new_version},
+        )
+        return result
 
     def _micro_batches(self, trees: list[PackedTree], policy_version: int) -> list[_MicroBatch]:
         max_staleness = self.config.algorithm.max_staleness
@@ -293,7 +303,7 @@ class Trainer:
                 mb.advantages = per_sample[mb.sample_index]
             return
         for mb in micro_batches:
-            mb.old_values = forward_values(self.critic.engine, mb.batch)
+            mb.old_values = forward_values(self.critic.engine, mb.batch).cpu()
             advantages, returns = [], []
             for position, tree_index in enumerate(mb.tree_indices):
                 span = mb.batch.tree_slice(position)
@@ -319,15 +329,17 @@ class Trainer:
         per_sample = aggregation_weights(counts, self.config.algorithm.aggregation)
         return [torch.where(mb.train_mask, per_sample[mb.sample_index], 0.0) for mb in update]
 
-    def _policy_backward(self, mb: _MicroBatch, weights: Tensor, policy_version: int) -> LossStats:
+    def _policy_backward(self, mb: _MicroBatch, weights: Tensor) -> LossStats:
         algo = self.config.algorithm
         logprobs = forward_logprobs(self.policy.engine, mb.batch)
-        proximal = mb.proximal if mb.proximal is not None else logprobs.detach()
+        device = logprobs.device
+        proximal = mb.proximal.to(device) if mb.proximal is not None else logprobs.detach()
         loss, stats = decoupled_ppo_loss(
-            logprobs, proximal, mb.batch.behaviour_logprobs, mb.advantages, weights, mb.train_mask,
+            logprobs, proximal, mb.batch.behaviour_logprobs.to(device), mb.advantages.to(device),
+            weights.to(device), mb.train_mask.to(device),
             clip_eps=algo.clip_eps, clip_eps_high=algo.clip_eps_high, dual_clip=algo.dual_clip,
             iw_cap=algo.iw_cap, iw_mode=algo.iw_mode,
-            ref_logprobs=mb.reference, kl_coef=algo.kl_coef,
+            ref_logprobs=None if mb.reference is None else mb.reference.to(device), kl_coef=algo.kl_coef,
         )
         self.policy.backward(loss)
         return stats
@@ -335,8 +347,9 @@ class Trainer:
     def _critic_backward(self, mb: _MicroBatch, weights: Tensor) -> ValueLossStats:
         assert self.critic is not None and mb.old_values is not None and mb.returns is not None
         values = forward_values(self.critic.engine, mb.batch)
-        loss, stats = value_loss(values, mb.old_values, mb.returns, weights, mb.train_mask,
-                                 clip=self.config.algorithm.value_clip)
+        device = values.device
+        loss, stats = value_loss(values, mb.old_values.to(device), mb.returns.to(device), weights.to(device),
+                                 mb.train_mask.to(device), clip=self.config.algorithm.value_clip)
         self.critic.backward(loss)
         return stats
 
@@ -354,7 +367,7 @@ class Trainer:
         offsets = ckpt.check_offsets(self.consumed_offsets if consumed_offsets is None else consumed_offsets)
         staging = ckpt.staging_dir(final)
         try:
-            self.policy.module.save_pretrained(staging, safe_serialization=True)
+            cast(_PretrainedModel, self.policy.module).save_pretrained(staging, safe_serialization=True)
             ckpt.copy_tokenizer_files(Path(self.config.model_path), staging)
             self.policy.save_state(staging / ckpt.ENGINE_STATE_DIR)
             if self.critic is not None:
@@ -389,6 +402,18 @@ class Trainer:
         self.step, self.version = progress.step, progress.version
         self.consumed_offsets = dict(progress.consumed_offsets)
         return progress
+
+
+def pack_trajectory(trajectory: Trajectory) -> PackedTree:
+    """The trajectory's tree packed for training; a malformed tree raises `BatchError` naming it.
+
+    The shell can call this when it consumes a trajectory, to dead-letter a malformed one at once
+    instead of failing the train step it would have joined.
+    """
+    try:
+        return pack_tree(trajectory.nodes)
+    except TreePackError as e:
+        raise BatchError(f"trajectory {trajectory.trajectory_id!r}: {e}") from e
 
 
 def tree_gae(

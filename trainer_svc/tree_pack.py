@@ -340,11 +340,11 @@ def forward_logprobs(model: nn.Module, batch: PackedBatch) -> Tensor:
     """Per-token logprobs (float32, shape (T,)) of a packed micro-batch under a causal LM.
 
     `model` is a transformers causal LM or a DeepSpeed engine wrapping one (its forward takes the same
-    arguments); gradients flow if the caller has them enabled.
+    arguments); gradients flow if the caller has them enabled. The result is on the model's device.
     """
     output = model(**_model_inputs(model, batch))
     logits = output.logits[0]
-    return token_logprobs(logits, batch.token_ids.to(logits.device), batch.predecessor.to(logits.device)).cpu()
+    return token_logprobs(logits, batch.token_ids.to(logits.device), batch.predecessor.to(logits.device))
 
 
 def forward_values(value_model: nn.Module, batch: PackedBatch) -> Tensor:
@@ -353,7 +353,7 @@ def forward_values(value_model: nn.Module, batch: PackedBatch) -> Tensor:
     values = value_model(**_model_inputs(value_model, batch))[0].float()
     predecessor = batch.predecessor.to(values.device)
     picked = values[predecessor.clamp(min=0)]
-    return torch.where(predecessor >= 0, picked, torch.zeros_like(picked)).cpu()
+    return torch.where(predecessor >= 0, picked, torch.zeros_like(picked))
 
 
 def branch_values(tree: PackedTree, per_token: Tensor) -> list[Tensor]:

@@ -323,6 +323,9 @@ class ClusterSim:
         self.step_stats: dict[str, _StepStats] = {}
         self.completed_steps: dict[int, _StepStats] = {}
         self.event_count = 0
+        self.window_start: float | None = 0.0 if config.warmup_steps == 0 else None
+        self.decode_seconds = 0.0  # engine-seconds spent decoding, inside the measured window
+        self.batch_seconds = 0.0  # the same, weighted by the number of running sequences
         self._handlers = {
             TaskDispatched: self._on_dispatched,
             PauseRollout: self._on_pause,
@@ -454,6 +457,10 @@ class ClusterSim:
                 dev.K += dk
                 dev.C += b * dk
                 self._segment(dev, t, now, "rollout")
+                if self.window_start is not None and now > self.window_start:
+                    seconds = now - max(t, self.window_start)
+                    self.decode_seconds += seconds
+                    self.batch_seconds += b * seconds
             else:
                 self._segment(dev, t, now, "rollout_bubble")
         dev.last_t = now
@@ -806,6 +813,8 @@ class ClusterSim:
         stats = self.step_stats.pop(job.aid)
         self.completed_steps[job.step] = stats
         self.step_end[job.step] = self.now
+        if job.step == self.config.warmup_steps - 1:
+            self.window_start = self.now
         self._observe(TrainStepCompleted(self.now, job.aid, job.step, job.step + 1))
 
     # ------------------------------------------------------------------------------------ faults
@@ -876,6 +885,7 @@ class ClusterSim:
             mean_staleness=sum(lags) / len(lags) if lags else 0.0,
             max_staleness=max(lags) if lags else 0,
             mean_step_s=window / max(len(measured), 1),
+            mean_decode_batch=self.batch_seconds / self.decode_seconds if self.decode_seconds else 0.0,
             samples_per_step=samples / max(len(measured), 1),
             state_shares=share,
             events=self.event_count,

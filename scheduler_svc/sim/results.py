@@ -45,6 +45,8 @@ class SimResult:
     mean_staleness: float
     max_staleness: int
     mean_step_s: float
+    #: running sequences per decoding engine, time-weighted: low values are the long tail at work
+    mean_decode_batch: float
     samples_per_step: float
     state_shares: dict[str, float]
     events: int
@@ -64,19 +66,21 @@ class SimResult:
             "overhead": self.overhead,
             "staleness": self.mean_staleness,
             "step_s": self.mean_step_s,
+            "decode_batch": self.mean_decode_batch,
         }
 
 
 def format_table(results: Sequence[SimResult]) -> str:
     header = (
         f"{'pipeline':<20} {'tokens/s':>10} {'samples/s':>10} {'util':>6} {'bubble':>7} "
-        f"{'overhd':>7} {'stale':>6} {'step s':>7}"
+        f"{'overhd':>7} {'stale':>6} {'step s':>7} {'batch':>6}"
     )
     lines = [header, "-" * len(header)]
     for r in results:
         lines.append(
             f"{r.pipeline:<20} {r.tokens_per_s:>10.0f} {r.samples_per_s:>10.2f} {r.utilisation:>6.1%} "
-            f"{r.bubble:>7.1%} {r.overhead:>7.1%} {r.mean_staleness:>6.2f} {r.mean_step_s:>7.1f}"
+            f"{r.bubble:>7.1%} {r.overhead:>7.1%} {r.mean_staleness:>6.2f} {r.mean_step_s:>7.1f} "
+            f"{r.mean_decode_batch:>6.1f}"
         )
     return "\n".join(lines)
 

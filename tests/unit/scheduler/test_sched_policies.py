@@ -152,3 +152,19 @@ def test_policy_is_validated() -> None:
         TagGroup(frozenset({"rollout", "flying"}))
     with pytest.raises(ConfigError, match="placement"):
         spatiotemporal(1, placement="random")
+
+
+def test_losing_the_rollout_tag_interrupts_rollout(world_factory) -> None:
+    """Tag-transition interrupt: when the only trainer dies, disaggregated placement promotes a
+    rollout resource to {train, reference}; its rollout is aborted (partial outputs migrate)."""
+    world = world_factory(disaggregated(1), batch=2, samples=1)
+    world.register_all(["H800", "H20", "H20"])
+    assert world.scheduler.pool.get("r1").activity == "rollout"
+    decisions = world.kill("r0")
+    assert capability(decisions) == {"r0": (), "r1": ("reference", "train")}
+    assert PauseRollout("r1", "abort", "capability_change") in decisions
+    assert any(isinstance(d, Preemption) and d.resource_ids == ("r1",) for d in decisions)
+    assert ("r1", "rollout", "idle") in activity(decisions)
+    for gid in list(world.inflight):
+        world.complete_group(gid)
+    assert world.train is not None and world.train.resource_ids == ("r1",)

@@ -105,8 +105,9 @@ def to_trajectories(step: int, problems: list[tuple[int, int]],
 
 
 def test_grpo_raises_the_reward_on_toy_addition(tmp_path: Path) -> None:
-    from inference_svc.default_model import IM_END, build_tokenizer, create_default_model
     from transformers import AutoModelForCausalLM
+
+    from inference_svc.default_model import IM_END, build_tokenizer, create_default_model
 
     torch.manual_seed(0)
     rng = random.Random(0)

@@ -133,13 +133,13 @@ def _branch_logprobs(model: nn.Module, tree: PackedTree) -> list[torch.Tensor]:
 
 
 @pytest.mark.parametrize("attn_implementation", ["sdpa", "eager"])
-@given(seed=st.integers(0, 2**31 - 1), num_nodes=st.integers(1, 9))
-@settings(max_examples=12, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), num_nodes=st.integers(1, 12))
+@settings(max_examples=40, deadline=None)
 def test_packed_logprobs_equal_per_branch(
     tiny_model_dir: Path, attn_implementation: str, seed: int, num_nodes: int
 ) -> None:
     model = load_model(tiny_model_dir, attn_implementation)
-    tree = pack_tree(random_nodes(random.Random(seed), num_nodes, max_len=7))
+    tree = pack_tree(random_nodes(random.Random(seed), num_nodes, max_len=8))
     with torch.no_grad():
         packed = forward_logprobs(model, pack_batch([tree]))
         for indices, expected in zip(tree.branch_token_indices(), _branch_logprobs(model, tree), strict=True):

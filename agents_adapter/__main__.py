@@ -1,0 +1,77 @@
+"""`python -m agents_adapter --model-path DIR [--endpoint rollout-0=http://127.0.0.1:30000 ...]`: parse config
+-> build -> run.
+
+Every scalar `AdapterConfig` field is a flag (`--session-cache-size 1000`); `--endpoint` repeats
+(`RESOURCE_ID=URL` or a bare URL); Kafka comes from `--bootstrap-servers` / `--topic-prefix` or the
+environment (SFLOW_BOOTSTRAP, SFLOW_TOPIC_PREFIX). Keys: `--api-keys-file` and/or $SFLOW_ADAPTER_API_KEYS;
+the admin key from $SFLOW_ADAPTER_ADMIN_KEY(_SHA256). `--hash-key KEY` prints the sha256 entry to put
+in a keys file and exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any
+
+from agents_adapter.config import HASH_PREFIX, AdapterConfig, hash_api_key
+from agents_adapter.errors import ConfigError
+from bus.config import BusConfig
+from inference_svc.__main__ import KeyValueFormatter
+
+_SPECIAL = {"agent_keys", "inference_endpoints", "bus"}
+
+
+def parse_config(argv: list[str] | None = None) -> AdapterConfig | None:
+    """The validated config, or None when the command only printed something (--hash-key)."""
+    parser = argparse.ArgumentParser(prog="python -m agents_adapter", description=__doc__.splitlines()[0])
+    parser.add_argument("--hash-key", default=None, help="print the keys-file entry of a key and exit")
+    for name, field in AdapterConfig.model_fields.items():
+        if name in _SPECIAL:
+            continue
+        flag = "--" + name.replace("_", "-")
+        if field.annotation is bool:
+            parser.add_argument(flag, dest=name, default=argparse.SUPPRESS, action=argparse.BooleanOptionalAction,
+                                help=field.description)
+        else:
+            parser.add_argument(flag, dest=name, default=argparse.SUPPRESS,
+                                help=f"{field.description} (default: {field.default})")
+    parser.add_argument("--endpoint", dest="inference_endpoints", action="append", default=argparse.SUPPRESS,
+                        help="static inference endpoint, RESOURCE_ID=URL or URL (repeat for several)")
+    parser.add_argument("--bootstrap-servers", default=None, help="Kafka brokers (default: $SFLOW_BOOTSTRAP)")
+    parser.add_argument("--topic-prefix", default=None, help="topic prefix (default: $SFLOW_TOPIC_PREFIX or sf.)")
+    values: dict[str, Any] = vars(parser.parse_args(argv))
+    key = values.pop("hash_key")
+    if key is not None:
+        print(f"{HASH_PREFIX}{hash_api_key(key)}")
+        return None
+    bootstrap, prefix = values.pop("bootstrap_servers"), values.pop("topic_prefix")
+    env_bus = BusConfig.from_env(client_id="agents-adapter")
+    try:
+        values["bus"] = BusConfig(bootstrap_servers=bootstrap or env_bus.bootstrap_servers,
+                                  topic_prefix=env_bus.topic_prefix if prefix is None else prefix,
+                                  client_id="agents-adapter", replication_factor=env_bus.replication_factor)
+        return AdapterConfig.build(**values)
+    except (ConfigError, ValueError) as e:
+        parser.error(str(e))
+        raise  # unreachable: parser.error exits
+
+
+def main(argv: list[str] | None = None) -> None:
+    config = parse_config(argv)
+    if config is None:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(KeyValueFormatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    logging.basicConfig(level=config.log_level.upper(), handlers=[handler])
+    import uvicorn
+
+    from agents_adapter.app import create_app
+
+    uvicorn.run(create_app(config), host=config.host, port=config.port, log_level=config.log_level,
+                timeout_keep_alive=30)
+
+
+if __name__ == "__main__":
+    main()

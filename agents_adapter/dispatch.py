@@ -1,0 +1,193 @@
+"""Runs one LLM call on the rollout resources until it finishes: the proxy's long request.
+
+The call is held open across everything the resources go through (DESIGN.md §4):
+- weight sync (PauseRollout in_place): the engine keeps the request and continues it with the new
+  weights; nothing to do here but wait (per-token versions show the swap);
+- preemption (finish_reason abort with a partial output): continue on another usable resource from
+  prompt + partial output with the remaining budget (`stitching.StitchedCall`);
+- engine death or refused connection: mark the resource unreachable for a cooldown and continue
+  elsewhere (a dead engine's partial output never reached us, so its run counts 0 tokens);
+- no usable resource (every one paused, preempted or lost): wait for the routing table to change.
+All of it is bounded by the call's deadline (long_request_timeout_s); past it the call fails with a
+503 and the engine request is aborted, so the agent never gets a truncated answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+
+import httpx
+
+from agents_adapter.errors import (
+    EngineFailedError,
+    EngineRejectedError,
+    LongRequestTimeoutError,
+    NoRolloutResourceError,
+)
+from agents_adapter.routing import Lease, RoutingTable
+from agents_adapter.stitching import EngineRun, StitchedCall
+from inference_svc.client import InferenceClient
+from inference_svc.errors import InferenceHTTPError
+from inference_svc.protocol import SamplingParams
+
+logger = logging.getLogger(__name__)
+_WAIT_POLL_S = 0.25
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass(frozen=True)
+class EngineSampling:
+    """Sampling of one call, the same for every run it is stitched from."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+    def params(self, max_new_tokens: int) -> SamplingParams:
+        return SamplingParams(
+            max_new_tokens=max_new_tokens, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+            sampling_seed=self.seed, stop_token_ids=list(self.stop_token_ids) or None, ignore_eos=self.ignore_eos,
+        )
+
+
+class Dispatcher:
+    """Engine clients (one per endpoint, pooled) and the resume loop."""
+
+    def __init__(self, routing: RoutingTable, *, request_timeout_s: float, max_segments: int,
+                 max_connections: int, avoid_grace_s: float = 1.0) -> None:
+        self.routing = routing
+        self.request_timeout_s = request_timeout_s
+        self.max_segments = max_segments
+        self.max_connections = max_connections
+        self.avoid_grace_s = avoid_grace_s
+        self._clients: dict[str, InferenceClient] = {}
+        self._changed = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._background: set[asyncio.Task[None]] = set()
+        self.resumed_calls = 0
+        self.engine_failures = 0
+
+    def attach(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Wakes waiting calls on `loop` whenever the routing table changes (from any thread)."""
+        self._loop = loop
+        self.routing.subscribe(self._changed_threadsafe)
+
+    def _changed_threadsafe(self) -> None:
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._wake)
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def client(self, endpoint: str) -> InferenceClient:
+        client = self._clients.get(endpoint)
+        if client is None:
+            limits = httpx.Limits(max_connections=self.max_connections, max_keepalive_connections=self.max_connections)
+            client = InferenceClient(endpoint, timeout_s=self.request_timeout_s,
+                                     transport=httpx.AsyncHTTPTransport(limits=limits))
+            self._clients[endpoint] = client
+        return client
+
+    async def aclose(self) -> None:
+        clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            await client.aclose()
+
+    async def run(self, call_id: str, session_id: str, prompt_ids: list[int], max_new_tokens: int,
+                  sampling: EngineSampling, deadline: float) -> StitchedCall:
+        """The call's output, stitched over as many runs as it took; raises a `ProxyError` otherwise."""
+        stitched = StitchedCall(list(prompt_ids), max_new_tokens)
+        avoid: dict[str, int] = {}
+        while not stitched.finished:
+            if len(stitched.segments) >= self.max_segments:
+                raise EngineFailedError(
+                    f"call {call_id} did not finish in {self.max_segments} engine runs (max_segments): "
+                    + ", ".join(f"{s.resource_id}:{s.finish_reason}" for s in stitched.segments)
+                )
+            lease = await self._lease(session_id, avoid, deadline)
+            await self._run_once(call_id, stitched, lease, sampling, deadline, avoid)
+        if stitched.resumed:
+            self.resumed_calls += 1
+            logger.info("call stitched", extra={"call": call_id, "session": session_id,
+                                                "segments": len(stitched.segments)})
+        return stitched
+
+    async def _run_once(self, call_id: str, stitched: StitchedCall, lease: Lease, sampling: EngineSampling,
+                        deadline: float, avoid: dict[str, int]) -> None:
+        rid = f"{call_id}-{len(stitched.segments)}"
+        client = self.client(lease.endpoint)
+        started = now_ms()
+        try:
+            response = await asyncio.wait_for(
+                client.generate(stitched.next_input_ids(), sampling.params(stitched.remaining), rid=rid),
+                timeout=max(0.0, deadline - time.monotonic()),
+            )
+        except TimeoutError as e:
+            self._abort_later(client, rid)
+            raise LongRequestTimeoutError(
+                f"the call was not finished within long_request_timeout_s={self.request_timeout_s}s "
+                f"(last engine: {lease.resource_id}); nothing was served"
+            ) from e
+        except asyncio.CancelledError:
+            self._abort_later(client, rid)
+            raise
+        except InferenceHTTPError as e:
+            if 400 <= e.status_code < 500:
+                raise EngineRejectedError(f"the engine refused the request: {e.message}") from e
+            self.engine_failures += 1
+            stitched.add_failure(lease.resource_id, -1, started, now_ms())
+            self.routing.mark_unreachable(lease.resource_id)
+            logger.warning("engine failed mid-call", extra={"call": call_id, "resource": lease.resource_id,
+                                                            "error": e.message[:200]})
+            return
+        finally:
+            self.routing.release(lease)
+        try:
+            version = int(response.meta_info.weight_version or -1)
+        except ValueError:
+            version = -1
+        run = EngineRun(response.output_ids, response.token_logprobs(), response.token_versions(),
+                        response.finish_type or "", version)
+        stitched.add(lease.resource_id, run, started, now_ms())
+        if run.finish == "abort":
+            avoid[lease.resource_id] = lease.epoch
+            logger.info("call preempted", extra={"call": call_id, "resource": lease.resource_id,
+                                                 "tokens": len(run.output_ids)})
+
+    async def _lease(self, session_id: str, avoid: dict[str, int], deadline: float) -> Lease:
+        """A usable resource, waiting (bounded by the deadline) while there is none."""
+        waited_since = time.monotonic()
+        while True:
+            allow_avoided = time.monotonic() - waited_since >= self.avoid_grace_s
+            lease = self.routing.acquire(session_id, avoid, allow_avoided=allow_avoided)
+            if lease is not None:
+                return lease
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise NoRolloutResourceError(
+                    f"no rollout resource took the call within long_request_timeout_s={self.request_timeout_s}s "
+                    f"({self.routing.describe_unavailable()}); nothing was served"
+                )
+            changed = self._changed
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), min(remaining, _WAIT_POLL_S))
+
+    def _abort_later(self, client: InferenceClient, rid: str) -> None:
+        async def abort() -> None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(client.abort(rid), 5.0)
+
+        task = asyncio.get_running_loop().create_task(abort())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)

@@ -1,0 +1,96 @@
+"""The record of what the proxy served: LLMCall, SessionStarted and SessionEnded events.
+
+A call counts as served only once Kafka acknowledged its event (acks=all, idempotent producer): the
+proxy answers the agent after `Recorder.record` returned, and answers 503 when it raised. The
+producer's delivery timeout is short (config `delivery_timeout_ms`) so an unreachable broker turns
+into a 503 within seconds, and an event that timed out is expired by the producer rather than
+written later.
+
+Session events have deterministic ids (uuid5 of the session), so a SessionStarted sent again after
+the session cache forgot a session, or a repeated SessionEnded, is one event to deduplicating consumers.
+An LLMCall's event id is its call id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Sequence
+from typing import Final
+
+from agents_adapter.errors import RecordingError
+from agents_adapter.stitching import StitchedCall
+from agents_adapter.tito import SessionState
+from bus.errors import BusError
+from bus.producer import EventProducer
+from schemas.events import Event, LLMCall, SessionEnded, SessionStarted, SessionStatus
+from schemas.packed import Float32s, Int32s
+
+logger = logging.getLogger(__name__)
+SESSION_NAMESPACE: Final = uuid.UUID("0d6b6c1e-9a43-5f7e-8a53-2b1f2c0e7a11")
+
+
+def session_event_id(kind: str, session_id: str) -> str:
+    return uuid.uuid5(SESSION_NAMESPACE, f"{kind}/{session_id}").hex
+
+
+def session_started(state: SessionState, producer: str) -> SessionStarted:
+    return SessionStarted(
+        event_id=session_event_id("SessionStarted", state.session_id), producer=producer,
+        correlation_id=state.session_id, session_id=state.session_id, agent_id=state.agent_id,
+        task_id=state.task_id, group_id=state.group_id, metadata=dict(state.metadata),
+    )
+
+
+def session_ended(state: SessionState, reward: float, status: SessionStatus, producer: str) -> SessionEnded:
+    return SessionEnded(
+        event_id=session_event_id("SessionEnded", state.session_id), producer=producer,
+        correlation_id=state.session_id, session_id=state.session_id, agent_id=state.agent_id,
+        task_id=state.task_id, group_id=state.group_id, reward=float(reward), status=status,
+        num_calls=state.calls_served,
+    )
+
+
+def llm_call(*, call_id: str, state: SessionState, model: str, turn: int, call: StitchedCall, request_ms: int,
+             completed_ms: int, drift: bool, parent_call_id: str, producer: str) -> LLMCall:
+    return LLMCall(
+        event_id=call_id, producer=producer, correlation_id=state.session_id, call_id=call_id,
+        session_id=state.session_id, agent_id=state.agent_id, task_id=state.task_id, group_id=state.group_id,
+        model=model, turn=turn, prompt_ids=Int32s(call.prompt_ids), output_ids=Int32s(call.output_ids),
+        output_logprobs=Float32s(call.logprobs), output_versions=Int32s(call.versions),
+        finish_reason=call.finish_reason, segments=tuple(call.segments), request_ms=request_ms,
+        completed_ms=completed_ms, drift=drift, parent_call_id=parent_call_id,
+    )
+
+
+class Recorder:
+    """Publishes events and waits for Kafka's acknowledgement of every one of them."""
+
+    def __init__(self, producer: EventProducer, ack_timeout_s: float) -> None:
+        self.producer = producer
+        self.ack_timeout_s = ack_timeout_s
+        self.recorded = 0
+        self.failed = 0
+
+    async def record(self, events: Sequence[Event]) -> None:
+        """Returns once Kafka stored all `events`; raises `RecordingError` (503) otherwise."""
+        try:
+            await asyncio.wait_for(
+                asyncio.gather(*(self.producer.publish_async(e) for e in events)), self.ack_timeout_s
+            )
+        except (BusError, TimeoutError) as e:
+            self.failed += len(events)
+            kinds = ", ".join(sorted({e.event_type for e in events}))
+            logger.error("recording failed", extra={"events": kinds, "error": str(e)[:200]})
+            raise RecordingError(
+                f"Kafka did not acknowledge the call's record ({kinds}) within {self.ack_timeout_s:.1f}s: {e}; "
+                "the call was not served"
+            ) from e
+        self.recorded += len(events)
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        try:
+            self.producer.close(timeout_s)
+        except BusError as e:
+            logger.warning("producer closed with undelivered events: %s", e)

@@ -1,0 +1,68 @@
+"""Feeds the routing table from the bus: a background thread reading resources, scheduler and control.
+
+It reads the topics from their beginning under a fresh consumer group, so a proxy that starts (or
+restarts) rebuilds the routing state from the log (event sourcing) and then follows it. Offsets are
+never committed: the next start reads everything again, which is what it needs.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Final
+
+from agents_adapter.routing import RoutingTable
+from bus.config import BusConfig
+from bus.consumer import EventConsumer, unique_group
+from bus.errors import BusError
+
+logger = logging.getLogger(__name__)
+TOPICS: Final = ("resources", "scheduler", "control")
+_RETRY_S: Final = 1.0
+
+
+class RoutingFeed:
+    def __init__(self, bus: BusConfig, table: RoutingTable, group_prefix: str = "agents-adapter-routing") -> None:
+        self.bus = bus
+        self.table = table
+        self.group_id = unique_group(group_prefix)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="routing-feed", daemon=True)
+        self.events_read = 0
+
+    def start(self) -> RoutingFeed:
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                consumer = EventConsumer(self.bus, self.group_id, TOPICS)
+            except Exception as e:  # confluent-kafka raises its own types at construction
+                logger.warning("routing feed cannot connect: %s", e)
+                self._stop.wait(_RETRY_S)
+                continue
+            try:
+                self._follow(consumer)
+            finally:
+                try:
+                    consumer.close()
+                except BusError as e:
+                    logger.debug("routing feed consumer close: %s", e)
+
+    def _follow(self, consumer: EventConsumer) -> None:
+        while not self._stop.is_set():
+            try:
+                batch = consumer.poll(0.25)
+            except BusError as e:  # reconnect: the new consumer re-reads the log, rebuilding the same state
+                logger.warning("routing feed poll failed: %s", e)
+                self._stop.wait(_RETRY_S)
+                return
+            for received in batch:
+                self.events_read += 1
+                self.table.apply(received.event)

@@ -1,0 +1,147 @@
+"""Agent SDK: a session with the capture proxy over the official `openai` client.
+
+    with AgentSession(base_url, api_key, task_id="t1", group_id="g1") as session:
+        reply = session.client.chat.completions.create(model=..., messages=...)
+        session.reward = verify(reply)        # reported on exit (status completed)
+    # an exception inside the block ends the session with status failed (reward 0 unless set)
+
+`session.client` is an ordinary `openai.OpenAI` whose every request carries the session headers
+(X-Session-Id, X-Task-Id, X-Group-Id), so any agent code that takes an OpenAI client works unchanged.
+A reward that is only known later (an external verifier): leave `reward` None; the session ends
+waiting for it, and `report_reward` (or `report_reward_later(base_url, key, session_id, reward)`) sends it.
+`AsyncAgentSession` is the same over `openai.AsyncOpenAI` (`async with`).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Any
+
+import httpx
+import openai
+
+logger = logging.getLogger(__name__)
+
+
+def session_headers(session_id: str, task_id: str = "", group_id: str = "") -> dict[str, str]:
+    headers = {"X-Session-Id": session_id}
+    if task_id:
+        headers["X-Task-Id"] = task_id
+    if group_id:
+        headers["X-Group-Id"] = group_id
+    return headers
+
+
+class _SessionBase:
+    def __init__(self, session_id: str | None, task_id: str, group_id: str) -> None:
+        self.session_id = session_id or f"s-{uuid.uuid4().hex}"
+        self.task_id = task_id
+        self.group_id = group_id
+        self.reward: float | None = None
+        self.status = "completed"
+        self.ended: dict[str, Any] | None = None
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return session_headers(self.session_id, self.task_id, self.group_id)
+
+    def _end_request(self, exc: BaseException | None) -> tuple[str, dict[str, Any]]:
+        if exc is not None:
+            return f"/sessions/{self.session_id}/end", {"reward": self.reward or 0.0, "status": "failed"}
+        return f"/sessions/{self.session_id}/end", {"reward": self.reward, "status": self.status}
+
+
+class AgentSession(_SessionBase):
+    """A session over `openai.OpenAI` (see the module doc)."""
+
+    def __init__(self, base_url: str, api_key: str, *, session_id: str | None = None, task_id: str = "",
+                 group_id: str = "", timeout_s: float = 600.0, max_retries: int = 2) -> None:
+        super().__init__(session_id, task_id, group_id)
+        self.client = openai.OpenAI(base_url=base_url, api_key=api_key, default_headers=self.headers,
+                                    timeout=timeout_s, max_retries=max_retries)
+
+    def end(self, reward: float | None = None, status: str = "completed") -> dict[str, Any]:
+        """Ends the session now (reward None: the reward comes later through `report_reward`)."""
+        self.reward, self.status = reward, status
+        return self._post(*self._end_request(None))
+
+    def report_reward(self, reward: float, status: str | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = {"reward": reward} | ({"status": status} if status else {})
+        return self._post(f"/sessions/{self.session_id}/reward", body)
+
+    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        response = self.client.post(path, body=body, cast_to=httpx.Response)
+        result: dict[str, Any] = response.json()
+        if path.endswith("/end"):
+            self.ended = result
+        return result
+
+    def close(self) -> None:
+        self.client.close()
+
+    def __enter__(self) -> AgentSession:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        try:
+            if self.ended is None:
+                try:
+                    self._post(*self._end_request(exc))
+                except openai.OpenAIError:
+                    if exc is None:
+                        raise
+                    logger.exception("could not end session %s after a failure", self.session_id)
+        finally:
+            self.close()
+
+
+class AsyncAgentSession(_SessionBase):
+    """A session over `openai.AsyncOpenAI` (`async with`)."""
+
+    def __init__(self, base_url: str, api_key: str, *, session_id: str | None = None, task_id: str = "",
+                 group_id: str = "", timeout_s: float = 600.0, max_retries: int = 2,
+                 http_client: httpx.AsyncClient | None = None) -> None:
+        super().__init__(session_id, task_id, group_id)
+        self.client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, default_headers=self.headers,
+                                         timeout=timeout_s, max_retries=max_retries, http_client=http_client)
+
+    async def end(self, reward: float | None = None, status: str = "completed") -> dict[str, Any]:
+        self.reward, self.status = reward, status
+        return await self._post(*self._end_request(None))
+
+    async def report_reward(self, reward: float, status: str | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = {"reward": reward} | ({"status": status} if status else {})
+        return await self._post(f"/sessions/{self.session_id}/reward", body)
+
+    async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        response = await self.client.post(path, body=body, cast_to=httpx.Response)
+        result: dict[str, Any] = response.json()
+        if path.endswith("/end"):
+            self.ended = result
+        return result
+
+    async def __aenter__(self) -> AsyncAgentSession:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        try:
+            if self.ended is None:
+                try:
+                    await self._post(*self._end_request(exc))
+                except openai.OpenAIError:
+                    if exc is None:
+                        raise
+                    logger.exception("could not end session %s after a failure", self.session_id)
+        finally:
+            await self.client.close()
+
+
+def report_reward_later(base_url: str, api_key: str, session_id: str, reward: float,
+                        status: str | None = None) -> dict[str, Any]:
+    """The reward of a session that ended without one (e.g. from a verifier in another process)."""
+    body: dict[str, Any] = {"reward": reward} | ({"status": status} if status else {})
+    with openai.OpenAI(base_url=base_url, api_key=api_key) as client:
+        response = client.post(f"/sessions/{session_id}/reward", body=body, cast_to=httpx.Response)
+        result: dict[str, Any] = response.json()
+        return result

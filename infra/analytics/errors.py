@@ -1,0 +1,17 @@
+"""Errors of the analytics sink and store."""
+
+from __future__ import annotations
+
+from infra.errors import InfraError
+
+
+class AnalyticsError(InfraError):
+    """Root of `infra.analytics`: the store refused a statement, a table is unknown, a query failed."""
+
+
+class StoreLockedError(AnalyticsError):
+    """The chdb database folder is held by another process (the running sink)."""
+
+
+class RowError(AnalyticsError):
+    """An event could not be turned into rows (a poison message: the sink dead-letters it)."""

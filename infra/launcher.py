@@ -1,0 +1,168 @@
+"""Starts the project's services as child processes and stops every one of them.
+
+Each service runs as `python -m PACKAGE ...` in its own process group with its log in the run
+folder, optionally pinned to a share of the cores (a "logical resource" on a small machine). The
+launcher remembers PIDs on disk, so `sflow down` stops what an earlier `sflow up` started, and fault
+tests can SIGKILL one service and start it again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from infra.errors import InfraError
+
+log = logging.getLogger("sflow.launcher")
+
+
+@dataclass(frozen=True)
+class ServiceSpec:
+    """How to run one service.
+
+    name: unique within a run (e.g. "infer-r0"). module: run as `python -m module`.
+    cpus: cores the process may use (None: all). threads: torch/BLAS threads.
+    health_url: polled until it answers 200 (None: started means ready).
+    """
+
+    name: str
+    module: str
+    args: Sequence[str] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    cpus: Sequence[int] | None = None
+    threads: int = 1
+    health_url: str | None = None
+
+
+class Launcher:
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.logs = run_dir / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.pid_file = run_dir / "pids.json"
+        self.specs: dict[str, ServiceSpec] = {}
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def _write_pids(self) -> None:
+        pids = {name: p.pid for name, p in self.procs.items() if p.poll() is None}
+        self.pid_file.write_text(json.dumps(pids))
+
+    def start(self, spec: ServiceSpec, wait_s: float = 120.0) -> None:
+        if spec.name in self.procs and self.procs[spec.name].poll() is None:
+            raise InfraError(f"service {spec.name} is already running (pid {self.procs[spec.name].pid})")
+        threads = str(spec.threads)
+        env = {
+            **os.environ,
+            "OMP_NUM_THREADS": threads,
+            "MKL_NUM_THREADS": threads,
+            "OPENBLAS_NUM_THREADS": threads,
+            "SFLOW_TORCH_THREADS": threads,
+            "TOKENIZERS_PARALLELISM": "false",
+            "PYTHONUNBUFFERED": "1",
+            **spec.env,
+        }
+        cpus = set(spec.cpus) if spec.cpus is not None else None
+
+        def pin() -> None:
+            if cpus:
+                os.sched_setaffinity(0, cpus)
+
+        out = open(self.logs / f"{spec.name}.log", "ab")  # noqa: SIM115 - owned by the child
+        proc = subprocess.Popen(
+            [sys.executable, "-m", spec.module, *spec.args],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=pin if cpus else None,
+        )
+        out.close()
+        self.specs[spec.name] = spec
+        self.procs[spec.name] = proc
+        self._write_pids()
+        log.info("started", extra={"service_name": spec.name, "pid": proc.pid})
+        if spec.health_url:
+            self.wait_healthy(spec, wait_s)
+
+    def wait_healthy(self, spec: ServiceSpec, wait_s: float) -> None:
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            proc = self.procs[spec.name]
+            if proc.poll() is not None:
+                raise InfraError(f"{spec.name} exited with {proc.returncode}; see {self.logs / spec.name}.log")
+            try:
+                if httpx.get(spec.health_url or "", timeout=2.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        raise InfraError(f"{spec.name} not healthy after {wait_s}s; see {self.logs / spec.name}.log")
+
+    def kill(self, name: str) -> None:
+        """SIGKILL one service (fault injection)."""
+        proc = self.procs[name]
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        self._write_pids()
+
+    def restart(self, name: str, wait_s: float = 120.0) -> None:
+        self.start(self.specs[name], wait_s)
+
+    def running(self) -> list[str]:
+        return [n for n, p in self.procs.items() if p.poll() is None]
+
+    def stop(self, name: str, timeout_s: float = 20.0) -> None:
+        proc = self.procs.get(name)
+        if proc is None or proc.poll() is not None:
+            return
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        except ProcessLookupError:
+            pass
+
+    def stop_all(self) -> None:
+        for name in reversed(list(self.procs)):
+            self.stop(name)
+        self._write_pids()
+
+
+def stop_recorded(run_dir: Path) -> list[str]:
+    """Stops the services an earlier launcher recorded in `run_dir/pids.json` (for `sflow down`)."""
+    pid_file = run_dir / "pids.json"
+    if not pid_file.exists():
+        return []
+    stopped = []
+    for name, pid in json.loads(pid_file.read_text()).items():
+        try:
+            os.killpg(pid, signal.SIGTERM)
+            stopped.append(name)
+        except ProcessLookupError:
+            continue
+    deadline = time.monotonic() + 20
+    for pid in json.loads(pid_file.read_text()).values():
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
+        else:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+    pid_file.unlink()
+    return stopped

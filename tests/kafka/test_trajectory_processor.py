@@ -1,0 +1,542 @@
+"""The trajectory processor (Faust worker, run as a subprocess) against a real broker.
+
+Sessions are built from the event dataclasses (the capture proxy is not needed); every test checks
+the processor's output against the functional core (`PrefixTree`) or against a replay.
+
+Inputs are produced uncompressed: `bus.producer` compresses with lz4, which Faust's Kafka client
+(aiokafka) decodes only when `cramjam` is installed; it is not in this environment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agents_adapter.errors import ConfigError
+from agents_adapter.prefix_tree import PrefixTree
+from agents_adapter.replay import ReplayReport, replay_trajectories
+from agents_adapter.trajectories import CLOSED, DELTA, ProcessorConfig, TableKey
+from agents_adapter.trajectory_core import SessionDelta, trajectory_event_id
+from bus.config import BusConfig
+from bus.consumer import EventConsumer, Received, consumer_settings, fetch_ready, unique_group
+from bus.dedupe import Deduplicator
+from bus.producer import EventProducer
+from bus.replay import ReplayRange, replay
+from schemas.events import (
+    BatchReady,
+    DeadLetter,
+    Event,
+    Heartbeat,
+    LLMCall,
+    SessionEnded,
+    SessionStarted,
+    TaskDispatched,
+    Trajectory,
+    encode_event,
+    now_ms,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+APP = "trajectory-processor"
+
+
+# --- helpers -----------------------------------------------------------------------------------
+
+
+class Worker:
+    """`python -m agents_adapter.trajectories` in its own process group, logging to a file."""
+
+    def __init__(self, config: BusConfig, data_dir: Path, log: Path, **options: object) -> None:
+        self.config, self.data_dir, self.log = config, data_dir, log
+        self.options = {"tick-interval-s": 0.3, "session-timeout-s": 6, "commit-interval-s": 0.5,
+                        "log-level": "info", **options}
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def start(self) -> Worker:
+        args = [sys.executable, "-m", "agents_adapter.trajectories", "--data-dir", str(self.data_dir)]
+        for name, value in self.options.items():
+            args += [f"--{name}", str(value)]
+        env = {**os.environ, "PYTHONPATH": str(REPO), "SFLOW_BOOTSTRAP": self.config.bootstrap_servers,
+               "SFLOW_TOPIC_PREFIX": self.config.topic_prefix}
+        self.starts += 1
+        with open(self.log, "ab") as out:
+            out.write(f"\n===== start {self.starts} =====\n".encode())
+            self.proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+        return self
+
+    def wait_ready(self, timeout_s: float = 60.0) -> None:
+        """Until this start logged that recovery is over and the streams run."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if "Worker ready" in self._this_start_log():
+                return
+            assert self.proc is not None and self.proc.poll() is None, f"worker exited:\n{self.tail()}"
+            time.sleep(0.1)
+        raise AssertionError(f"worker not ready after {timeout_s}s:\n{self.tail()}")
+
+    def kill(self) -> None:
+        """SIGKILL: no flush, no commit, no leaving the group."""
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+
+    def recovered_open_sessions(self) -> int:
+        found = re.findall(r"recovered (\d+) open sessions", self._this_start_log())
+        assert found, f"no recovery line in this start's log:\n{self.tail()}"
+        return int(found[-1])
+
+    def _this_start_log(self) -> str:
+        return self.log.read_text(errors="replace").rsplit(f"===== start {self.starts} =====", 1)[-1]
+
+    def tail(self, n: int = 60) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+
+
+@pytest.fixture
+def worker_factory(bus_config: BusConfig, tmp_path: Path) -> Iterator[Callable[..., Worker]]:
+    workers: list[Worker] = []
+
+    def make(**options: object) -> Worker:
+        w = Worker(bus_config, tmp_path / f"data{len(workers)}", tmp_path / f"worker{len(workers)}.log", **options)
+        workers.append(w)
+        return w
+
+    yield make
+    for w in workers:
+        w.stop()
+
+
+def producer(config: BusConfig) -> EventProducer:
+    uncompressed: dict[str, Any] = {"compression.type": "none"}  # see the module docstring
+    return EventProducer(config, **uncompressed)
+
+
+def session(sid: str, group: str, turns: int, *, n_samples: int | None = None, end: bool = True,
+            reward: float = 1.0, task: str = "task-1") -> list[Event]:
+    """SessionStarted, `turns` multi-turn calls (each prompt = the previous prompt + output + new
+    tokens), SessionEnded."""
+    seed = sum(map(ord, sid))
+    meta = {"n_samples": str(n_samples)} if n_samples else {}
+    events: list[Event] = [SessionStarted(correlation_id=sid, session_id=sid, agent_id="agent", task_id=task,
+                                          group_id=group, metadata=meta)]
+    history = [1, 2, 3, seed % 50]
+    for turn in range(turns):
+        output = [100 + (seed + turn) % 50, 200 + turn, 300 + seed % 7]
+        tokens: dict[str, Any] = {"prompt_ids": tuple(history), "output_ids": tuple(output),
+                                  "output_logprobs": (-0.5, -0.25, -1.0), "output_versions": (turn % 3,) * 3}
+        events.append(LLMCall(correlation_id=sid, call_id=f"{sid}-c{turn}", session_id=sid, agent_id="agent",
+                              task_id=task, group_id=group, model="toy", turn=turn, finish_reason="stop",
+                              request_ms=0, completed_ms=1, **tokens))
+        history = history + output + [7, 8 + turn]
+    if end:
+        events.append(SessionEnded(correlation_id=sid, session_id=sid, agent_id="agent", task_id=task,
+                                   group_id=group, reward=reward, num_calls=turns))
+    return events
+
+
+def core_tree(events: list[Event]) -> PrefixTree:
+    tree = PrefixTree()
+    for e in events:
+        if isinstance(e, LLMCall):
+            tree.insert(e)
+    return tree
+
+
+def publish_all(config: BusConfig, events: list[Event]) -> None:
+    with producer(config) as p:
+        for e in events:
+            p.publish(e)
+
+
+def trajectories_on_topic(config: BusConfig) -> list[tuple[Trajectory, Received]]:
+    """Every Trajectory copy on the topic, with where it was read."""
+    return [(r.event, r) for r in replay(config, ["trajectories"]).events if isinstance(r.event, Trajectory)]
+
+
+def wait_for_trajectories(config: BusConfig, ids: set[str], worker: Worker,
+                          timeout_s: float = 60.0) -> dict[str, Trajectory]:
+    """The trajectories of `ids` once all are on the topic (copies of one id asserted identical)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got: dict[str, Trajectory] = {}
+        for t, _ in trajectories_on_topic(config):
+            assert got.setdefault(t.trajectory_id, t) == t, f"two different trajectories for {t.trajectory_id}"
+        if ids <= set(got):
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"trajectories missing after {timeout_s}s: {sorted(ids - set(got))}\n{worker.tail()}")
+        time.sleep(0.3)
+
+
+def read_raw(config: BusConfig, topic: str) -> list[tuple[int, bytes, bytes | None]]:
+    """(partition, key, value) of every record of a non-event topic (a changelog), in log order."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer(consumer_settings(config, unique_group("raw"), **{"enable.partition.eof": False}))
+    out: list[tuple[int, bytes, bytes | None]] = []
+    try:
+        meta = consumer.list_topics(topic, timeout=10).topics[topic]
+        for p in sorted(meta.partitions):
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+            if high <= low:
+                continue
+            consumer.assign([TopicPartition(topic, p, low)])
+            position = low
+            while position < high:
+                for msg in fetch_ready(consumer, 500, 10):
+                    if msg.error() is None:
+                        out.append((p, msg.key() or b"", msg.value()))
+                        position = (msg.offset() or 0) + 1
+            consumer.unassign()
+    finally:
+        consumer.close()
+    return out
+
+
+# --- tests that need no broker ----------------------------------------------------------------
+
+
+@pytest.mark.unit
+def test_config_is_validated_with_the_field_and_value_in_the_error() -> None:
+    with pytest.raises(ConfigError, match=r"ttl_ms.*-5"):
+        ProcessorConfig(ttl_ms=-5)
+    with pytest.raises(ConfigError, match=r"session_timeout_s.*2"):
+        ProcessorConfig(session_timeout_s=2)
+    with pytest.raises(ConfigError, match=r"processing_guarantee.*maybe"):
+        ProcessorConfig(processing_guarantee="maybe")
+    with pytest.raises(ConfigError, match="group_size"):
+        ProcessorConfig(group_size=0)
+    config = ProcessorConfig.from_args(["--ttl-ms", "1500", "--group-size", "4", "--no-wait-for-calls"])
+    assert (config.ttl_ms, config.group_size, config.wait_for_calls) == (1500, 4, False)
+    assert config.assembler_config().track_groups is False
+
+
+@pytest.mark.unit
+def test_table_keys_round_trip_and_sort_deltas_by_seq() -> None:
+    keys = [TableKey(DELTA, 3, "sé/ssion", seq) for seq in (0, 1, 2, 255, 256, 70_000)]
+    assert [TableKey.from_bytes(k.to_bytes()) for k in keys] == keys
+    assert sorted(k.to_bytes() for k in reversed(keys)) == [k.to_bytes() for k in keys]
+    assert TableKey.from_bytes(TableKey(CLOSED, 0, "s").to_bytes()) == TableKey(CLOSED, 0, "s")
+
+
+@pytest.mark.unit
+def test_deduplicator_passes_each_event_id_once_within_its_bounds() -> None:
+    clock = [0.0]
+    dedupe = Deduplicator(capacity=3, ttl_s=10, clock=lambda: clock[0])
+    a, b = (Trajectory(event_id=trajectory_event_id(s), trajectory_id=s, session_id=s, agent_id="x", reward=0.0,
+                       status="completed", min_version=-1, max_version=-1, tokens_in_calls=0, tokens_in_tree=0)
+            for s in ("a", "b"))
+    assert [dedupe.first_time(e) for e in (a, b, a, b)] == [True, True, False, False]
+    assert dedupe.duplicates == 2
+    clock[0] = 11.0  # forgotten after ttl_s
+    assert dedupe.first_time(a)
+
+
+# --- the processor on a broker ----------------------------------------------------------------
+
+
+@pytest.mark.kafka
+def test_each_session_becomes_one_trajectory_with_the_cores_nodes_and_groups_fire(
+    bus_config: BusConfig, worker_factory: Callable[..., Worker]
+) -> None:
+    g1 = {f"g1-s{i}": session(f"g1-s{i}", "g1", turns=2 + i % 3, n_samples=4, reward=0.25 * i) for i in range(4)}
+    g2 = {f"g2-s{i}": session(f"g2-s{i}", "g2", turns=3, task="task-2") for i in range(2)}
+    sizes = [TaskDispatched(task_id="task-2", group_id="g2", n_samples=2, payload="", policy_version=0, seq=0)]
+    worker = worker_factory().start()
+    publish_all(bus_config, [*sizes, *(e for s in (*g1.values(), *g2.values()) for e in s)])
+    by_id = wait_for_trajectories(bus_config, set(g1) | set(g2), worker)
+    assert all(r.key == t.group_id for t, r in trajectories_on_topic(bus_config))  # keyed by task group
+    for sid, events in {**g1, **g2}.items():
+        t = by_id[sid]
+        tree = core_tree(events)
+        ended = events[-1]
+        assert isinstance(ended, SessionEnded)
+        assert t.nodes == tree.nodes()
+        assert t.call_ids == tree.call_ids
+        assert (t.status, t.reward, t.producer) == ("completed", ended.reward, APP)
+        assert (t.min_version, t.max_version) == (tree.min_version, tree.max_version)
+        assert t.event_id == trajectory_event_id(sid)
+        assert t.ts_ms == max(e.ts_ms for e in events)
+
+    deadline = time.monotonic() + 30
+    while True:
+        batches = {r.event.group_id: r.event for r in replay(bus_config, ["trajectories"]).events
+                   if isinstance(r.event, BatchReady)}
+        if set(batches) == {"g1", "g2"} or time.monotonic() > deadline:
+            break
+        time.sleep(0.3)
+    assert set(batches) == {"g1", "g2"}, worker.tail()
+    assert batches["g1"].trajectory_ids == tuple(sorted(g1)) and batches["g1"].num_samples == 4
+    assert batches["g2"].trajectory_ids == tuple(sorted(g2)) and batches["g2"].task_id == "task-2"
+    assert (batches["g1"].min_version, batches["g1"].max_version) == (0, 2)
+
+
+@pytest.mark.kafka
+def test_poison_messages_go_to_the_dlq_and_processing_continues(
+    bus_config: BusConfig, worker_factory: Callable[..., Worker]
+) -> None:
+    before, after = session("before", "g", turns=2), session("after", "g", turns=2)
+    good = after[1]
+    assert isinstance(good, LLMCall)
+    # same key as "after", before its calls: the session is open when the bad call is read
+    malformed = LLMCall(**{**{f: getattr(good, f) for f in good.__dataclass_fields__},
+                           "event_id": "bad-call", "call_id": "after-bad", "output_logprobs": (-0.5,)})
+    heartbeat = Heartbeat(correlation_id="before", resource_id="r0", activity="idle", weight_version=0,
+                          running_requests=0, queued_requests=0, tokens_generated=0)
+    with producer(bus_config) as p:
+        for e in before[:-1]:
+            p.publish(e)
+        p.publish_raw(bus_config.topic("llm.calls"), b"before", b"\xc3\x01not avro at all")
+        p.publish_raw(bus_config.topic("sessions"), b"before", encode_event(heartbeat))
+        p.publish(before[-1])
+        p.publish(after[0])
+        p.publish(malformed)
+        for e in after[1:]:
+            p.publish(e)
+    worker = worker_factory().start()
+    got = wait_for_trajectories(bus_config, {"before", "after"}, worker)
+    assert got["before"].nodes == core_tree(before).nodes()
+    assert got["after"].nodes == core_tree(after).nodes() and "after-bad" not in got["after"].call_ids
+
+    deadline = time.monotonic() + 20
+    while len(letters := [r.event for r in replay(bus_config, ["dlq"]).events]) < 3 and time.monotonic() < deadline:
+        time.sleep(0.3)
+    reasons = sorted(letter.reason for letter in letters if isinstance(letter, DeadLetter))
+    assert len(reasons) == 3, reasons
+    assert reasons[0].startswith("rejected call: call 'after-bad': 3 output tokens but 1 logprobs")
+    assert reasons[1].startswith("undecodable")
+    assert reasons[2] == f"unexpected Heartbeat on {bus_config.topic('sessions')}"
+
+
+@pytest.mark.kafka
+def test_a_session_that_never_ends_is_closed_by_the_ttl_with_status_timeout(
+    bus_config: BusConfig, worker_factory: Callable[..., Worker]
+) -> None:
+    ttl = 1500
+    never, ends = session("never", "g", turns=3, end=False), session("ends", "g", turns=1)
+    worker = worker_factory(**{"ttl-ms": ttl}).start()
+    publish_all(bus_config, never + ends)
+    by_id = wait_for_trajectories(bus_config, {"never", "ends"}, worker, timeout_s=30)
+    timed_out, completed = by_id["never"], by_id["ends"]
+    assert (timed_out.status, timed_out.reward) == ("timeout", 0.0)
+    assert timed_out.ts_ms == max(e.ts_ms for e in never) + ttl  # derived from the inputs, not the clock
+    assert timed_out.nodes == core_tree(never).nodes()
+    assert completed.status == "completed"
+
+
+@pytest.mark.kafka
+def test_changelog_writes_grow_with_the_new_tokens_not_the_tree_and_closed_sessions_are_freed(
+    bus_config: BusConfig, worker_factory: Callable[..., Worker]
+) -> None:
+    turns = 20
+    events = session("long", "g", turns=turns, end=False)
+    worker = worker_factory().start()
+    publish_all(bus_config, events)
+    changelog = bus_config.topic(f"{APP}-sessions-changelog")
+    deadline = time.monotonic() + 30
+    while len(entries := read_raw(bus_config, changelog)) < turns + 1 and time.monotonic() < deadline:
+        time.sleep(0.3)
+    writes = [(TableKey.from_bytes(k), v) for _, k, v in entries]
+    assert [k.seq for k, _ in writes] == list(range(turns + 1)) and all(k.kind == DELTA for k, _ in writes)
+    print("\ncall  new tokens  tokens in tree  tokens in calls  whole tree bytes  changelog bytes (key+value)")
+    tree = PrefixTree()
+    sizes = []
+    for (key, value), call in zip(writes[1:], events[1:], strict=True):
+        assert value is not None and isinstance(call, LLMCall)
+        delta = SessionDelta.from_bytes(value)
+        tree.insert(call)
+        sizes.append(len(key.to_bytes()) + len(value))
+        whole = len(tree.snapshot().to_bytes())
+        print(f"{call.turn:>4}  {delta.tree.new_tokens:>10}  {tree.tokens_in_tree:>14}  {tree.tokens_in_calls:>15}"
+              f"  {whole:>16}  {sizes[-1]:>15}")
+        assert delta.tree.new_tokens == (7 if call.turn == 0 else 5)  # turn k > 0: 2 new prompt + 3 output tokens
+    steady = sizes[1:]
+    assert max(steady) - min(steady) <= 1  # constant (± a digit of the call id) while the tree grows
+    assert len(tree.snapshot().to_bytes()) > 8 * max(steady)
+
+    publish_all(bus_config, [SessionEnded(correlation_id="long", session_id="long", agent_id="agent",
+                                          reward=1.0, num_calls=turns)])
+    wait_for_trajectories(bus_config, {"long"}, worker)
+    deadline = time.monotonic() + 20
+    while True:
+        last = {k: v for _, k, v in read_raw(bus_config, changelog)}
+        live = {TableKey.from_bytes(k) for k, v in last.items() if v is not None}
+        if all(k.kind == CLOSED for k in live) or time.monotonic() > deadline:
+            break
+        time.sleep(0.3)
+    assert {(k.kind, k.entity) for k in live} == {(CLOSED, "long")}  # every delta deleted, one marker left
+
+
+@pytest.mark.kafka
+def test_sigkilled_workers_lose_no_session_and_dedupe_leaves_each_trajectory_once(
+    bus_config: BusConfig, worker_factory: Callable[..., Worker]
+) -> None:
+    """Sessions stream in while the worker is SIGKILLed twice: restarted once on its RocksDB data,
+    once with the data dir deleted (recovery from the changelog). A consumer that drops repeated
+    event ids sees every session's trajectory exactly once, with the core's nodes."""
+    n = 40
+    sessions = {f"s{i:02d}": session(f"s{i:02d}", f"g{i // 4}", turns=3 + i % 3, n_samples=4) for i in range(n)}
+    # interleave: every session is open for a while, many are open at each kill
+    stream: list[Event] = []
+    for k in range(max(map(len, sessions.values()))):
+        for i, events in enumerate(sessions.values()):
+            j = k - (i % 8)
+            if 0 <= j < len(events):
+                stream.append(events[j])
+    stream += [e for events in sessions.values() for e in events if e not in stream]
+    worker = worker_factory(**{"commit-interval-s": 1.0}).start()
+    worker.wait_ready()
+    progress = [0]
+    restarted = threading.Event()
+
+    def produce() -> None:
+        """Publishes the stream; waits at 70% until the first restart, so the second kill is mid-stream."""
+        with producer(bus_config) as p:
+            for i, e in enumerate(stream):
+                if i == int(0.7 * len(stream)):
+                    restarted.wait(90)
+                if i % 10 == 0:
+                    p.publish_sync(e)
+                else:
+                    p.publish(e)
+                progress[0] = i
+                time.sleep(0.02)
+
+    feeder = threading.Thread(target=produce)
+    feeder.start()
+    consumer = EventConsumer(bus_config, "trainer", ["trajectories"])
+    dedupe = Deduplicator()
+    consumed: Counter[str] = Counter()
+    copies: dict[str, set[bytes]] = defaultdict(set)
+
+    def consume(until: Callable[[], bool], timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not until() and time.monotonic() < deadline:
+            for r in consumer.poll(0.2):
+                if isinstance(r.event, Trajectory):
+                    copies[r.event.trajectory_id].add(r.raw)
+                    if dedupe.first_time(r):
+                        consumed[r.event.trajectory_id] += 1
+                consumer.mark_processed(r)
+            consumer.commit()
+
+    try:
+        consume(lambda: progress[0] > len(stream) // 3 and len(consumed) >= 3, 60)
+        worker.kill()  # 1: restart on the local RocksDB data
+        worker.start()
+        worker.wait_ready()
+        assert worker.recovered_open_sessions() > 0
+        restarted.set()
+        consume(lambda: progress[0] > 0.85 * len(stream), 60)
+        consume(lambda: False, 0.5)
+        worker.kill()  # 2: restart without it: recovery from the changelog alone
+        shutil.rmtree(worker.data_dir)
+        worker.start()
+        worker.wait_ready()
+        assert worker.recovered_open_sessions() > 0
+        feeder.join()
+        consume(lambda: len(consumed) == n, 90)
+    finally:
+        restarted.set()
+        feeder.join()
+        consumer.close()
+    assert set(consumed) == set(sessions), worker.tail()
+    assert all(count == 1 for count in consumed.values())
+    assert all(len(raw) == 1 for raw in copies.values())  # redelivered copies are byte-identical
+    by_id = {t.trajectory_id: t for t, _ in trajectories_on_topic(bus_config)}
+    for sid, events in sessions.items():
+        assert by_id[sid].nodes == core_tree(events).nodes(), sid
+        assert by_id[sid].status == "completed"
+    print(f"\n{dedupe.duplicates} duplicate trajectory copies dropped by the consumer")
+
+
+@pytest.mark.kafka
+def test_open_sessions_are_recovered_from_the_changelog_when_the_data_dir_is_lost(
+    bus_config: BusConfig, worker_factory: Callable[..., Worker]
+) -> None:
+    """Calls processed and committed before the kill exist only in the changelog afterwards: if the
+    recovery did not restore them, the trajectories would miss their first calls."""
+    sessions = {f"r{i}": session(f"r{i}", "g", turns=4) for i in range(6)}
+    first = [e for events in sessions.values() for e in events[:3]]  # start + 2 calls each
+    rest = [e for events in sessions.values() for e in events[3:]]
+    worker = worker_factory().start()
+    publish_all(bus_config, first)
+    changelog = bus_config.topic(f"{APP}-sessions-changelog")
+    deadline = time.monotonic() + 30
+    while len(read_raw(bus_config, changelog)) < len(first) and time.monotonic() < deadline:
+        time.sleep(0.3)
+    time.sleep(1.5)  # three commit intervals: the inputs' offsets are committed
+    worker.kill()
+    shutil.rmtree(worker.data_dir)
+    worker.start()
+    worker.wait_ready()
+    assert worker.recovered_open_sessions() == len(sessions)
+    publish_all(bus_config, rest)
+    by_id = wait_for_trajectories(bus_config, set(sessions), worker)
+    for sid, events in sessions.items():
+        assert by_id[sid].nodes == core_tree(events).nodes()
+        assert by_id[sid].call_ids == tuple(f"{sid}-c{t}" for t in range(4))
+
+
+@pytest.mark.kafka
+def test_replay_rebuilds_the_recorded_trajectories_and_reports_tampering(
+    bus_config: BusConfig, worker_factory: Callable[..., Worker]
+) -> None:
+    ttl = 1500
+    sessions = {f"p{i}": session(f"p{i}", "g", turns=2 + i) for i in range(4)}
+    sessions["idle"] = session("idle", "g", turns=2, end=False)
+    worker = worker_factory(**{"ttl-ms": ttl}).start()
+    inputs = [e for events in sessions.values() for e in events]
+    publish_all(bus_config, inputs)
+    recorded = wait_for_trajectories(bus_config, set(sessions), worker)
+    worker.stop()
+    config = ProcessorConfig(bus=bus_config, ttl_ms=ttl, tick_interval_s=0.3)
+
+    report = replay_trajectories(config, ReplayRange(), grace_ms=0)
+    assert report.ok, report.render()
+    assert report.matched == sorted(sessions) and report.inputs == len(inputs)
+    t0, t1 = min(e.ts_ms for e in inputs) - 1000, now_ms()
+    assert replay_trajectories(config, ReplayRange(start_ms=t0, end_ms=t1), grace_ms=0).ok
+
+    tampered = dataclasses.replace(recorded["p2"], reward=0.5)
+    forged = dataclasses.replace(recorded["p0"], trajectory_id="forged", session_id="forged",
+                                 event_id=trajectory_event_id("forged"))
+    unrecorded = session("unrecorded", "g", turns=2)
+    with producer(bus_config) as p:
+        p.publish(tampered)
+        p.publish(forged)
+        for e in unrecorded:
+            p.publish(e)
+    report = replay_trajectories(config, ReplayRange(), grace_ms=0)
+    assert isinstance(report, ReplayReport) and not report.ok
+    assert report.missing == ["unrecorded"] and report.extra == ["forged"]
+    assert [(d.trajectory_id, d.field, d.rebuilt, d.recorded) for d in report.differing] == [
+        ("p2", "reward", "1.0", "0.5")]
+    assert report.matched == sorted(set(sessions) - {"p2"})
+    text = report.render()
+    assert "MISMATCH" in text and "p2: reward: rebuilt 1.0, recorded 0.5" in text
+    print("\n" + text)
