@@ -18,7 +18,6 @@ import logging
 import uuid
 from typing import Any
 
-import httpx
 import openai
 
 logger = logging.getLogger(__name__)
@@ -71,8 +70,7 @@ class AgentSession(_SessionBase):
         return self._post(f"/sessions/{self.session_id}/reward", body)
 
     def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        response = self.client.post(path, body=body, cast_to=httpx.Response)
-        result: dict[str, Any] = response.json()
+        result: dict[str, Any] = self.client.post(path, body=body, cast_to=dict)
         if path.endswith("/end"):
             self.ended = result
         return result
@@ -100,11 +98,10 @@ class AsyncAgentSession(_SessionBase):
     """A session over `openai.AsyncOpenAI` (`async with`)."""
 
     def __init__(self, base_url: str, api_key: str, *, session_id: str | None = None, task_id: str = "",
-                 group_id: str = "", timeout_s: float = 600.0, max_retries: int = 2,
-                 http_client: httpx.AsyncClient | None = None) -> None:
+                 group_id: str = "", timeout_s: float = 600.0, max_retries: int = 2) -> None:
         super().__init__(session_id, task_id, group_id)
         self.client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, default_headers=self.headers,
-                                         timeout=timeout_s, max_retries=max_retries, http_client=http_client)
+                                         timeout=timeout_s, max_retries=max_retries)
 
     async def end(self, reward: float | None = None, status: str = "completed") -> dict[str, Any]:
         self.reward, self.status = reward, status
@@ -115,8 +112,7 @@ class AsyncAgentSession(_SessionBase):
         return await self._post(f"/sessions/{self.session_id}/reward", body)
 
     async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        response = await self.client.post(path, body=body, cast_to=httpx.Response)
-        result: dict[str, Any] = response.json()
+        result: dict[str, Any] = await self.client.post(path, body=body, cast_to=dict)
         if path.endswith("/end"):
             self.ended = result
         return result
@@ -142,6 +138,5 @@ def report_reward_later(base_url: str, api_key: str, session_id: str, reward: fl
     """The reward of a session that ended without one (e.g. from a verifier in another process)."""
     body: dict[str, Any] = {"reward": reward} | ({"status": status} if status else {})
     with openai.OpenAI(base_url=base_url, api_key=api_key) as client:
-        response = client.post(f"/sessions/{session_id}/reward", body=body, cast_to=httpx.Response)
-        result: dict[str, Any] = response.json()
+        result: dict[str, Any] = client.post(f"/sessions/{session_id}/reward", body=body, cast_to=dict)
         return result

@@ -36,6 +36,7 @@ from rich.console import Console
 from rich.table import Table
 
 from schemas.events import Trajectory, TrajectoryNode
+from schemas.packed import Float32s, Int32s, UInt8s
 from trainer_svc.config import AlgorithmConfig, EngineConfig, TrainerConfig
 from trainer_svc.trainer import Trainer
 from trainer_svc.tree_pack import pack_tree
@@ -56,9 +57,9 @@ def session_nodes(rng: random.Random, turns: int, fork: float, version: int) -> 
         tokens = generated + given
         mask = [1] * len(generated) + [0] * len(given)
         nodes.append(TrajectoryNode(
-            node_id=index, parent=parent, token_ids=tuple(tokens), loss_mask=tuple(mask),
-            logprobs=tuple(-rng.uniform(0.1, 4.0) if m else 0.0 for m in mask),
-            versions=tuple(version if m else -1 for m in mask),
+            node_id=index, parent=parent, token_ids=Int32s(tokens), loss_mask=UInt8s(mask),
+            logprobs=Float32s([-rng.uniform(0.1, 4.0) if m else 0.0 for m in mask]),
+            versions=Int32s([version if m else -1 for m in mask]),
         ))
         return index
 
@@ -95,10 +96,10 @@ def per_branch(sessions: list[Trajectory]) -> list[Trajectory]:
         for k, indices in enumerate(tree.branch_token_indices()):
             node = TrajectoryNode(
                 node_id=0, parent=-1,
-                token_ids=tuple(tree.token_ids[indices].tolist()),
-                loss_mask=tuple(int(m) for m in tree.loss_mask[indices].tolist()),
-                logprobs=tuple(tree.behaviour_logprobs[indices].tolist()),
-                versions=tuple(tree.versions[indices].tolist()),
+                token_ids=Int32s(tree.token_ids[indices].numpy()),
+                loss_mask=UInt8s(tree.loss_mask[indices].to(torch.uint8).numpy()),
+                logprobs=Float32s(tree.behaviour_logprobs[indices].numpy()),
+                versions=Int32s(tree.versions[indices].numpy()),
             )
             branches.append(Trajectory(
                 trajectory_id=f"{session.trajectory_id}/b{k}", session_id=session.session_id,

@@ -447,21 +447,31 @@ class NativeEngine:
         return future.result()
 
     def _loop(self) -> None:
-        torch.set_grad_enabled(False)
+        # Everything that touches the model or the KV cache runs on this thread, in inference mode:
+        # tensors created here (a grown cache) are inference tensors and may only be updated here.
+        try:
+            with torch.inference_mode():
+                self._serve()
+        finally:
+            self._closed = True
+            self._fail_leftovers()
+
+    def _serve(self) -> None:
         while True:
             idle = self._paused or not (self._running or self._waiting)
             if not self._drain_inbox(block=idle):
-                break
+                return
             if self._paused or not (self._running or self._waiting):
                 continue
             try:
                 self._step()
             except Exception as e:  # the engine keeps serving: only the batch in flight fails
                 logger.exception("engine step failed", extra={"resource": self.resource_id})
-                for seq in list(self._running):
-                    self._release(seq)
-                    seq.future.set_exception(InferenceError(f"engine step failed: {e}"))
-        self._fail_leftovers()
+                failed, self._running = self._running, []
+                for seq in failed:
+                    seq.slot = -1
+                    if not seq.future.done():
+                        seq.future.set_exception(InferenceError(f"engine step failed: {e}"))
 
     def _drain_inbox(self, block: bool) -> bool:
         """Runs what arrived; False once shutdown was requested."""

@@ -117,11 +117,11 @@ class BatchRunner:
         self._rotary: Any = inner.rotary_emb
         self._lm_head: Any = model.lm_head
 
-    @torch.inference_mode()
     def extend(self, slots: list[int], offsets: list[int], chunks: list[list[int]]) -> torch.Tensor:
         """Appends `chunks[b]` at position `offsets[b]` of slot `slots[b]`; returns last-token logits [B, V].
 
         Positions below `offsets[b]` must already hold that sequence's KV (prefix, or earlier steps).
+        Call it under `torch.inference_mode()` (the engine thread runs in it) or `torch.no_grad()`.
         """
         batch = len(slots)
         lengths = [len(c) for c in chunks]

@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from trainer_svc.errors import EngineError
+
 
 class ValueModel(nn.Module):
     def __init__(self, backbone: nn.Module, hidden_size: int) -> None:
@@ -24,7 +26,12 @@ class ValueModel(nn.Module):
         """The base model of a causal-LM directory (its `model.` weights) plus a fresh value head."""
         from transformers import AutoModel
 
-        backbone = AutoModel.from_pretrained(model_path, dtype=torch.float32, attn_implementation=attn_implementation)
+        try:
+            backbone = AutoModel.from_pretrained(
+                model_path, dtype=torch.float32, attn_implementation=attn_implementation
+            )
+        except (OSError, ValueError) as e:
+            raise EngineError(f"model_path={model_path!r} cannot be loaded as a critic backbone: {e}") from e
         return cls(backbone, int(backbone.config.hidden_size))
 
     def forward(

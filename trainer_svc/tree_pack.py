@@ -32,30 +32,37 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeAlias
 
+import numpy as np
+import numpy.typing as npt
 import torch
 from torch import Tensor, nn
 
 from trainer_svc.errors import TreePackError
 
+PerToken: TypeAlias = Sequence[Any] | npt.NDArray[Any] | Tensor
+"""Per-token values of a node: a packed array of an event (`schemas.packed.PackedArray`), a tuple or
+list, a numpy array or a tensor."""
+
+_NUMPY_DTYPES = {torch.int64: np.int64, torch.float32: np.float32}
+
 
 class NodeLike(Protocol):
-    """What packing reads from a tree node: `schemas.events.TrajectoryNode` or any light equivalent
-    (tuples, lists, numpy arrays or tensors per token)."""
+    """What packing reads from a tree node: `schemas.events.TrajectoryNode` or any light equivalent."""
 
     @property
     def node_id(self) -> int: ...
     @property
     def parent(self) -> int: ...
     @property
-    def token_ids(self) -> Sequence[int]: ...
+    def token_ids(self) -> PerToken: ...
     @property
-    def loss_mask(self) -> Sequence[int]: ...
+    def loss_mask(self) -> PerToken: ...
     @property
-    def logprobs(self) -> Sequence[float]: ...
+    def logprobs(self) -> PerToken: ...
     @property
-    def versions(self) -> Sequence[int]: ...
+    def versions(self) -> PerToken: ...
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,10 +71,10 @@ class TreeNode:
 
     node_id: int
     parent: int
-    token_ids: Sequence[int]
-    loss_mask: Sequence[int]
-    logprobs: Sequence[float]
-    versions: Sequence[int]
+    token_ids: PerToken
+    loss_mask: PerToken
+    logprobs: PerToken
+    versions: PerToken
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -136,9 +143,15 @@ class PackedTree:
         ]
 
 
+def _as_tensor(values: PerToken, dtype: torch.dtype) -> Tensor:
+    """A fresh tensor; a packed array converts through its numpy view (one copy, no per-item parse)."""
+    if isinstance(values, Tensor):
+        return values.to(dtype)
+    return torch.from_numpy(np.array(values, dtype=_NUMPY_DTYPES[dtype]))
+
+
 def _per_token(node: NodeLike, name: str, dtype: torch.dtype, count: int) -> Tensor:
-    values = getattr(node, name)
-    tensor = torch.as_tensor(values if not isinstance(values, tuple) else list(values), dtype=dtype)
+    tensor = _as_tensor(getattr(node, name), dtype)
     if tensor.dim() != 1 or tensor.numel() != count:
         raise TreePackError(
             f"node {node.node_id}: {name} has {tensor.numel()} values for {count} tokens"
@@ -170,7 +183,9 @@ def pack_tree(nodes: Sequence[NodeLike]) -> PackedTree:
         parent = int(node.parent)
         if not -1 <= parent < index:
             raise TreePackError(f"node {index} has parent {parent}: must be -1 or an earlier node")
-        tokens = torch.as_tensor(list(node.token_ids), dtype=torch.int64)
+        tokens = _as_tensor(node.token_ids, torch.int64)
+        if tokens.dim() != 1:
+            raise TreePackError(f"node {index}: token_ids must be a flat sequence")
         count = int(tokens.numel())
         base_depth = depth_after[parent] if parent >= 0 else 0
         before = last_token_of[parent] if parent >= 0 else -1

@@ -14,11 +14,13 @@ take query parameters (ClickHouse's server-side binding), so a canned query runs
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import re
 import shutil
 import tempfile
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -175,14 +177,17 @@ class AnalyticsStore(ABC):
     def stored_offsets(self) -> dict[TopicPartition, int]:
         """The ledger: per (topic, partition), the next offset whose rows are not yet stored."""
         result = self.query(
-            f"SELECT topic, partition, max(next_offset) FROM {{db}}.{OFFSETS.name} GROUP BY topic, partition"
+            f"SELECT topic, partition, argMax(next_offset, written_ns) FROM {{db}}.{OFFSETS.name} "
+            "GROUP BY topic, partition"
         )
         return {(str(topic), int(p)): int(o) for topic, p, o in result.rows}
 
     def record_offsets(self, offsets: Mapping[TopicPartition, int], now_ms: int) -> None:
-        """Advances the ledger; call only after the rows below these offsets are inserted."""
+        """Sets the ledger (the latest record per partition wins); call only after the rows below these
+        offsets are inserted."""
+        written_ns = time.time_ns()
         rows = [
-            {"topic": topic, "partition": p, "next_offset": o, "flushed_at": ts_text(now_ms)}
+            {"topic": topic, "partition": p, "next_offset": o, "flushed_at": ts_text(now_ms), "written_ns": written_ns}
             for (topic, p), o in sorted(offsets.items())
         ]
         self.insert(OFFSETS.name, rows)
@@ -211,7 +216,7 @@ class ChdbStore(AnalyticsStore):
         try:
             self._session: Any = session.Session(str(self.path))
         except RuntimeError as e:
-            if "Cannot lock file" in str(e) or "already running" in str(e):
+            if _held_by_another_process(self.path):
                 raise StoreLockedError(
                     f"chdb folder {self.path} is held by another process (a running analytics sink?); "
                     "read a snapshot (ChdbStore.snapshot) or stop that process"
@@ -236,7 +241,7 @@ class ChdbStore(AnalyticsStore):
             return [n for n in names if n == "status" or n.startswith(("tmp_", "delete_tmp_"))]
 
         try:
-            shutil.copytree(src, dst, ignore=skip)
+            shutil.copytree(src, dst, symlinks=True, ignore=skip)  # Atomic databases link by relative path
         except (OSError, shutil.Error) as e:
             shutil.rmtree(tmp, ignore_errors=True)
             raise AnalyticsError(f"cannot snapshot {src}: {e}") from e
@@ -326,6 +331,21 @@ class ClickHouseServerStore(AnalyticsStore):
         client, self._client = getattr(self, "_client", None), None
         if client is not None:
             client.close()
+
+
+def _held_by_another_process(path: Path) -> bool:
+    """Whether a ClickHouse server holds the folder: it keeps an exclusive flock on `status` while running
+    (chdb reports only a generic start-up error then)."""
+    status = path / "status"
+    if not status.exists():
+        return False
+    with status.open("rb") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(f, fcntl.LOCK_UN)
+    return False
 
 
 def redact(url: str) -> str:

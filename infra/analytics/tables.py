@@ -9,7 +9,8 @@ Every event row carries the envelope: `ts` (the event's `ts_ms`), `event_id`, `e
 `correlation_id`, and where it was read from: `topic`, `partition`, `offset`.
 
 `sink_offsets` is the sink's ledger, not event data: per (topic, partition) the next offset whose rows
-are not yet stored, written after the rows themselves.
+are not yet stored, written after the rows themselves. The latest record wins (`written_ns`), not the
+highest offset, so a sink that finds the ledger stale (a recreated topic) can move it back.
 """
 
 from __future__ import annotations
@@ -63,11 +64,12 @@ class Table:
     def ddl(self, database: str, fsync: bool = False) -> str:
         cols = ",\n  ".join(f"`{name}` {kind}" for name, kind in self.all_columns)
         partition = f"\nPARTITION BY {self.partition_by}" if self.partition_by else ""
+        comment = self.doc.replace("\\", "\\\\").replace("'", "\\'")
         settings = "\nSETTINGS fsync_after_insert = 1, fsync_part_directory = 1" if fsync else ""
         return (
             f"CREATE TABLE IF NOT EXISTS {database}.{self.name} (\n  {cols}\n)\n"
             f"ENGINE = {self.engine}{partition}\nORDER BY ({', '.join(self.order_by)}){settings}\n"
-            f"COMMENT '{self.doc}'"
+            f"COMMENT '{comment}'"
         )
 
 
@@ -162,8 +164,8 @@ TABLES: Final[tuple[Table, ...]] = (
     Table(
         "sink_offsets", "the sink's ledger: next offset per topic partition whose rows are stored",
         (("topic", "LowCardinality(String)"), ("partition", "UInt32"), ("next_offset", "UInt64"),
-         ("flushed_at", TS_TYPE)),
-        order_by=("topic", "partition"), envelope=False, engine="ReplacingMergeTree(next_offset)", partition_by=None,
+         ("flushed_at", TS_TYPE), ("written_ns", "UInt64")),
+        order_by=("topic", "partition"), envelope=False, engine="ReplacingMergeTree(written_ns)", partition_by=None,
     ),
 )
 BY_NAME: Final = {t.name: t for t in TABLES}
@@ -221,12 +223,12 @@ def _llm_call(e: ev.LLMCall) -> _Rows:
 
 
 def _session(e: ev.SessionStarted | ev.SessionEnded) -> _Rows:
-    ended = isinstance(e, ev.SessionEnded)
-    return [("sessions", {
-        "session_id": e.session_id, "agent_id": e.agent_id, "task_id": e.task_id, "group_id": e.group_id,
-        "reward": e.reward if ended else 0.0, "status": e.status.value if ended else "",
-        "num_calls": e.num_calls if ended else 0, "metadata": {} if ended else dict(e.metadata),
-    })]
+    row: Row = {"session_id": e.session_id, "agent_id": e.agent_id, "task_id": e.task_id, "group_id": e.group_id}
+    if isinstance(e, ev.SessionEnded):
+        row |= {"reward": e.reward, "status": e.status.value, "num_calls": e.num_calls, "metadata": {}}
+    else:
+        row |= {"reward": 0.0, "status": "", "num_calls": 0, "metadata": dict(e.metadata)}
+    return [("sessions", row)]
 
 
 def _trajectory(e: ev.Trajectory) -> _Rows:
@@ -250,13 +252,14 @@ def _batch(e: ev.BatchReady) -> _Rows:
 
 
 def _task(e: ev.TaskDispatched | ev.TaskCompleted) -> _Rows:
-    done = isinstance(e, ev.TaskCompleted)
-    return [("tasks", {
-        "task_id": e.task_id, "group_id": e.group_id,
-        "num_samples": e.num_samples if done else e.n_samples, "payload": "" if done else e.payload,
-        "policy_version": -1 if done else e.policy_version, "seq": -1 if done else e.seq,
-        "mean_reward": e.mean_reward if done else 0.0, "status": e.status if done else "dispatched",
-    })]
+    row: Row = {"task_id": e.task_id, "group_id": e.group_id}
+    if isinstance(e, ev.TaskCompleted):
+        row |= {"num_samples": e.num_samples, "payload": "", "policy_version": -1, "seq": -1,
+                "mean_reward": e.mean_reward, "status": e.status}
+    else:
+        row |= {"num_samples": e.n_samples, "payload": e.payload, "policy_version": e.policy_version,
+                "seq": e.seq, "mean_reward": 0.0, "status": "dispatched"}
+    return [("tasks", row)]
 
 
 def _resource(e: ev.ResourceRegistered | ev.ResourceLost) -> _Rows:

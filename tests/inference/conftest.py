@@ -12,8 +12,8 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from inference_svc.default_model import DefaultModelSpec, create_default_model, write_perturbed_checkpoint  # noqa: E402
-from inference_svc.engine import NativeEngine  # noqa: E402
+from inference_svc.default_model import DefaultModelSpec, create_default_model, write_perturbed_checkpoint
+from inference_svc.engine import NativeEngine
 
 TINY_SPEC = DefaultModelSpec(
     hidden_size=64,

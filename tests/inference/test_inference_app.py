@@ -26,7 +26,11 @@ def client(tiny_model_dir: Path) -> Iterator[TestClient]:
 def generate_ok(client: TestClient) -> dict[str, Any]:
     response = client.post(
         "/generate",
-        json={"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 4, "sampling_seed": 1}, "return_logprob": True},
+        json={
+            "input_ids": [1, 2, 3],
+            "sampling_params": {"max_new_tokens": 4, "sampling_seed": 1},
+            "return_logprob": True,
+        },
     )
     assert response.status_code == 200, response.text
     return response.json()
@@ -103,7 +107,9 @@ def test_malformed_json_and_unknown_routes(client: TestClient) -> None:
 
 def test_bad_weight_path_keeps_old_weights_live(client: TestClient, tmp_path: Path) -> None:
     before = generate_ok(client)
-    response = client.post("/update_weights_from_disk", json={"model_path": str(tmp_path / "missing"), "weight_version": "3"})
+    response = client.post(
+        "/update_weights_from_disk", json={"model_path": str(tmp_path / "missing"), "weight_version": "3"}
+    )
     assert response.status_code == 400
     body = response.json()
     assert body["error"]["type"] == "weight_load_error" and body["success"] is False

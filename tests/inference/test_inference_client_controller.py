@@ -118,7 +118,8 @@ def test_controller_over_http_loads_weights_and_reports_failures(
     control = RemoteEngineControl(base_url)
     try:
         controller = InferenceController(control, "rollout-7")
-        futures = [engine.submit(p, SamplingOptions(max_new_tokens=300, ignore_eos=True, seed=i)) for i, p in enumerate(PROMPTS)]
+        long = [SamplingOptions(max_new_tokens=300, ignore_eos=True, seed=i) for i in range(len(PROMPTS))]
+        futures = [engine.submit(p, s) for p, s in zip(PROMPTS, long, strict=True)]
         wait_for_tokens(engine, len(PROMPTS), 3)
         loaded = controller.on_load_weights(perturbed_model_dir.as_uri(), 5)
         assert loaded.ok and loaded.version == 5 and loaded.resource_id == "rollout-7"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
@@ -24,7 +25,8 @@ def default_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_default_model_is_a_small_qwen3_loadable_offline(default_dir: Path) -> None:
-    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+    files = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json")
+    for name in files:
         assert (default_dir / name).is_file()
     model = AutoModelForCausalLM.from_pretrained(str(default_dir), local_files_only=True)
     assert model.config.model_type == "qwen3"
@@ -39,7 +41,7 @@ def test_byte_level_tokenizer_round_trips_and_keeps_specials_whole(default_dir: 
     text = "naïve café 🙂\ttabs\n<|im_start|>user"
     ids = tokenizer.encode(text, add_special_tokens=False)
     assert tokenizer.decode(ids) == text
-    assert ids[:5] == list(b"na\xc3\xaf"[:4]) + [ord("v")]
+    assert ids[:5] == [*list(b"na\xc3\xaf"[:4]), ord("v")]
     for token in SPECIAL_TOKENS:
         encoded = tokenizer.encode(token, add_special_tokens=False)
         assert len(encoded) == 1 and encoded[0] >= 256
@@ -48,8 +50,8 @@ def test_byte_level_tokenizer_round_trips_and_keeps_specials_whole(default_dir: 
 
 def test_chat_template_renders_tools_calls_and_results(default_dir: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(str(default_dir), local_files_only=True)
-    tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
-    messages = [
+    tools: list[dict[str, Any]] = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
+    messages: list[dict[str, Any]] = [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "1+2?"},
         {"role": "assistant", "content": "", "tool_calls": [
@@ -57,11 +59,13 @@ def test_chat_template_renders_tools_calls_and_results(default_dir: Path) -> Non
         {"role": "tool", "content": "3"},
         {"role": "tool", "content": "done"},
     ]
-    text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+    text = str(tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True))  # type: ignore[arg-type]
     assert text.startswith("<|im_start|>system\nBe brief.\n\n# Tools")
     assert '{"type": "function", "function": {"name": "add"' in text
-    assert '<|im_start|>assistant\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call><|im_end|>' in text
-    assert "<|im_start|>user\n<tool_response>\n3\n</tool_response>\n<tool_response>\ndone\n</tool_response><|im_end|>\n" in text
+    call = '{"name": "add", "arguments": {"a": 1, "b": 2}}'
+    assert f"<|im_start|>assistant\n<tool_call>\n{call}\n</tool_call><|im_end|>" in text
+    results = "<tool_response>\n3\n</tool_response>\n<tool_response>\ndone\n</tool_response>"
+    assert f"<|im_start|>user\n{results}<|im_end|>\n" in text
     assert text.endswith("<|im_start|>assistant\n")
     plain = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
     assert plain == "<|im_start|>user\nhi<|im_end|>\n"

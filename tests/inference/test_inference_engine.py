@@ -49,8 +49,8 @@ def test_batched_extend_matches_full_forward(reference_models: dict[int, torch.n
                 full = model(torch.tensor([seqs[i][: pos + 1]])).logits[0, -1]
                 assert torch.allclose(logits[j], full, atol=1e-4), (i, pos)
         logits = runner.extend([1, 0], [5, 3], [[1, 2, 3], [4]])  # extend from a kept prefix
-        assert torch.allclose(logits[0], model(torch.tensor([seqs[1][:5] + [1, 2, 3]])).logits[0, -1], atol=1e-4)
-        assert torch.allclose(logits[1], model(torch.tensor([seqs[0][:3] + [4]])).logits[0, -1], atol=1e-4)
+        assert torch.allclose(logits[0], model(torch.tensor([[*seqs[1][:5], 1, 2, 3]])).logits[0, -1], atol=1e-4)
+        assert torch.allclose(logits[1], model(torch.tensor([[*seqs[0][:3], 4]])).logits[0, -1], atol=1e-4)
 
 
 def test_incremental_decode_logprobs_equal_full_forward(
@@ -263,3 +263,21 @@ def test_invalid_requests_are_refused_and_the_engine_keeps_serving(
     with pytest.raises(InvalidRequestError, match=fragment.replace("[", r"\[").replace("]", r"\]")):
         engine.submit(ids, sampling)
     assert len(engine.generate([1, 2], SamplingOptions(max_new_tokens=2)).output_ids) == 2
+
+
+def test_requests_leaving_mid_flight_keep_the_others_exact(
+    tiny_model_dir: Path, reference_models: dict[int, torch.nn.Module], full_forward_logprobs: ForwardFn
+) -> None:
+    """Different lengths: finished rows leave, the last row moves into their slot, the cache grows."""
+    budgets = [10, 50, 25, 80, 5, 60, 33, 1]
+    with NativeEngine(tiny_model_dir, max_running_requests=8, max_context=256, kv_initial_tokens=16) as small:
+        futures = [
+            small.submit(p, long_run(seed=i, max_new_tokens=n))
+            for i, (p, n) in enumerate(zip(PROMPTS, budgets, strict=True))
+        ]
+        for prompt, budget, future in zip(PROMPTS, budgets, futures, strict=True):
+            result = future.result(timeout=30)
+            assert len(result.output_ids) == budget
+            expected = full_forward_logprobs(reference_models[0], prompt, result.output_ids)
+            assert max(abs(a - b) for a, b in zip(expected, result.output_logprobs, strict=True)) <= 1e-4
+        assert small.stats().running == 0

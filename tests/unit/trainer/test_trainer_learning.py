@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from schemas.events import Trajectory, TrajectoryNode
+from schemas.packed import Float32s, Int32s, UInt8s
 from tests.unit.trainer.trainer_helpers import TINY_SPEC
 from trainer_svc.config import AlgorithmConfig, EngineConfig, TrainerConfig
 from trainer_svc.trainer import Trainer
@@ -90,10 +91,10 @@ def to_trajectories(step: int, problems: list[tuple[int, int]],
     for i, ((a, b), (tokens, logprobs, reward)) in enumerate(zip(problems, samples, strict=True)):
         prompt = prompt_ids(a, b)
         nodes = (
-            TrajectoryNode(node_id=0, parent=-1, token_ids=tuple(prompt), loss_mask=(0,) * len(prompt),
-                           logprobs=(0.0,) * len(prompt), versions=(-1,) * len(prompt)),
-            TrajectoryNode(node_id=1, parent=0, token_ids=tuple(tokens), loss_mask=(1,) * len(tokens),
-                           logprobs=tuple(logprobs), versions=(version,) * len(tokens)),
+            TrajectoryNode(node_id=0, parent=-1, token_ids=Int32s(prompt), loss_mask=UInt8s([0] * len(prompt)),
+                           logprobs=Float32s([0.0] * len(prompt)), versions=Int32s([-1] * len(prompt))),
+            TrajectoryNode(node_id=1, parent=0, token_ids=Int32s(tokens), loss_mask=UInt8s([1] * len(tokens)),
+                           logprobs=Float32s(logprobs), versions=Int32s([version] * len(tokens))),
         )
         trajectories.append(Trajectory(
             trajectory_id=f"{step}-{i}", session_id=f"{step}-{i}", agent_id="adder", task_id=f"{a}+{b}",

@@ -56,7 +56,7 @@ def test_result_does_not_depend_on_the_micro_batch_split(tiny_model_dir: Path) -
     for budget in (16, 40, 4096):
         for aggregation in ("token_mean", "seq_mean_token_mean"):
             config = trainer_config(tiny_model_dir, micro_batch_tokens=budget,
-                                    algorithm=AlgorithmConfig(aggregation=aggregation))  # type: ignore[arg-type]
+                                    algorithm=AlgorithmConfig(aggregation=aggregation))
             trainer = Trainer(config)
             results.append((aggregation, trainer.train_step(batch, 0)))
             weights.append((aggregation, _weights(trainer)))
@@ -130,9 +130,11 @@ def test_version_and_status_checks(tiny_model_dir: Path) -> None:
         trainer.train_step(aborted, 0)
     result = trainer.train_step([*batch[:3], *aborted[3:]], 0)
     assert result.skipped_trajectory_ids == tuple(t.trajectory_id for t in batch[3:])
+    empty = trajectory([], trajectory_id="empty", group_id="g0", reward=0.0)
+    assert trainer.train_step([*batch, empty], 1).skipped_trajectory_ids == ("empty",)
     broken = trajectory([node(0, 1, [1], [0])], trajectory_id="bad", group_id="g", reward=0.0)
     with pytest.raises(BatchError, match="'bad'"):
-        trainer.train_step([broken], 1)
+        trainer.train_step([broken], 2)
 
 
 def test_kl_to_reference_starts_at_zero(tiny_model_dir: Path) -> None:

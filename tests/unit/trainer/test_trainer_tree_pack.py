@@ -104,6 +104,18 @@ def test_light_nodes_and_numpy_arrays_pack_like_events() -> None:
     assert tree.behaviour_logprobs.tolist() == [0.0, -1.5] and tree.versions.tolist() == [-1, 3]
 
 
+def test_a_decoded_trajectory_packs_like_the_original() -> None:
+    """Events from the bus hold read-only packed arrays over the message bytes."""
+    from schemas.events import decode_event, encode_event
+    from tests.unit.trainer.trainer_helpers import random_batch
+
+    original = random_batch(seed=11, num_trajectories=1)[0]
+    decoded = decode_event(encode_event(original))
+    a, b = pack_tree(original.nodes), pack_tree(decoded.nodes)  # type: ignore[attr-defined]
+    for name in ("token_ids", "position_ids", "predecessor", "loss_mask", "behaviour_logprobs", "versions"):
+        assert torch.equal(getattr(a, name), getattr(b, name)), name
+
+
 @pytest.mark.parametrize(
     ("nodes", "message"),
     [
@@ -173,7 +185,10 @@ def test_the_tree_mask_is_what_makes_them_equal(tiny_model_dir: Path) -> None:
 
 def test_bf16_mask_runs(tiny_model_dir: Path) -> None:
     model = load_model(tiny_model_dir)
-    bf16 = type(model).from_pretrained(tiny_model_dir, dtype=torch.bfloat16, attn_implementation="sdpa").eval()
+    from transformers import AutoModelForCausalLM
+
+    bf16 = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.bfloat16, attn_implementation="sdpa")
+    bf16.eval()
     tree = hand_tree()
     with torch.no_grad():
         high = forward_logprobs(model, pack_batch([tree]))

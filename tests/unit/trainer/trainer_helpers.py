@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from inference_svc.default_model import DefaultModelSpec
 from schemas.events import Trajectory, TrajectoryNode
+from schemas.packed import Float32s, Int32s, UInt8s
 from trainer_svc.config import AlgorithmConfig, EngineConfig, TrainerConfig
 
 TINY_SPEC = DefaultModelSpec(
@@ -27,10 +28,10 @@ def node(node_id: int, parent: int, tokens: Sequence[int], mask: Sequence[int], 
     return TrajectoryNode(
         node_id=node_id,
         parent=parent,
-        token_ids=tuple(tokens),
-        loss_mask=tuple(mask),
-        logprobs=tuple(logprob if m else 0.0 for m in mask),
-        versions=tuple(version if m else -1 for m in mask),
+        token_ids=Int32s(tokens),
+        loss_mask=UInt8s(mask),
+        logprobs=Float32s([logprob if m else 0.0 for m in mask]),
+        versions=Int32s([version if m else -1 for m in mask]),
     )
 
 

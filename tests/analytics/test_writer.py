@@ -1,0 +1,133 @@
+"""The sink's writer without Kafka: rows first, ledger second, and what a restarted sink does with events it
+reads again (skips what the ledger covers, rewrites the rest, which FINAL collapses)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from infra.analytics.errors import RowError
+from infra.analytics.sink import AnalyticsWriter
+from infra.analytics.store import ChdbStore
+from schemas import events as ev
+from tests.analytics.analytics_helpers import received
+from tests.factories import example
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[ChdbStore]:
+    s = ChdbStore(tmp_path / "chdb")
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def sessions(n: int, start: int = 0) -> list[ev.SessionStarted]:
+    return [example(ev.SessionStarted, i, session_id=f"s{i}") for i in range(start, start + n)]
+
+
+def feed(writer: AnalyticsWriter, events: list[ev.SessionStarted], first_offset: int = 0) -> list[bool]:
+    return [writer.add(received(e, offset=first_offset + i)) for i, e in enumerate(events)]
+
+
+def test_flush_writes_rows_then_ledger_and_returns_events_in_read_order(store: ChdbStore) -> None:
+    writer = AnalyticsWriter(store)
+    events = sessions(5)
+    feed(writer, events)
+    assert writer.pending == 5 and store.count("sessions") == 0
+    handled = writer.flush()
+    assert [r.offset for r in handled] == [0, 1, 2, 3, 4]
+    assert store.count("sessions") == 5
+    assert store.stored_offsets() == {("sf.sessions", 0): 5}
+    assert writer.pending == 0 and writer.flush() == []
+
+
+def test_restart_skips_events_the_ledger_covers(store: ChdbStore) -> None:
+    events = sessions(10)
+    first = AnalyticsWriter(store)
+    feed(first, events[:6])
+    first.flush()
+    # the sink died after recording the ledger but before committing to Kafka: it reads offsets 0.. again
+    second = AnalyticsWriter(store)
+    stored = feed(second, events)
+    second.flush()
+    assert stored == [False] * 6 + [True] * 4
+    assert second.stats.skipped == 6
+    assert store.count("sessions", final=False) == 10  # no physical duplicate either
+    assert store.stored_offsets() == {("sf.sessions", 0): 10}
+
+
+def test_restart_after_rows_but_before_ledger_rewrites_and_final_collapses(store: ChdbStore) -> None:
+    events = sessions(8)
+    first = AnalyticsWriter(store)
+    feed(first, events[:5])
+    first.flush()
+
+    @dataclass
+    class Killed(Exception):
+        at: str
+
+    def die(*_: object) -> None:
+        raise Killed("ledger")
+
+    crashing = AnalyticsWriter(store)
+    feed(crashing, events[5:], first_offset=5)
+    store.record_offsets, real = die, store.record_offsets  # type: ignore[method-assign]
+    with pytest.raises(Killed):
+        crashing.flush()  # rows of offsets 5..7 are stored, the ledger still says 5
+    store.record_offsets = real  # type: ignore[method-assign]
+    again = AnalyticsWriter(store)
+    assert feed(again, events[5:], first_offset=5) == [True] * 3
+    again.flush()
+    assert store.count("sessions", final=False) == 11
+    assert store.count("sessions") == 8
+    assert store.query("SELECT uniqExact(event_id) FROM {db}.sessions FINAL").scalar() == 8
+
+
+def test_a_ledger_from_a_recreated_topic_is_ignored(store: ChdbStore, caplog: pytest.LogCaptureFixture) -> None:
+    store.record_offsets({("sf.sessions", 0): 100}, 0)  # offsets of an older topic of the same name
+    writer = AnalyticsWriter(store)
+    events = sessions(5)
+    with caplog.at_level(logging.WARNING, logger="sflow.analytics"):
+        stored = feed(writer, events[:3])
+    writer.flush()
+    assert stored == [True, True, True]
+    assert store.count("sessions") == 3
+    assert "recreated" in caplog.text
+    assert store.stored_offsets() == {("sf.sessions", 0): 3}  # moved back: the latest record wins
+    again = AnalyticsWriter(store)
+    assert feed(again, events) == [False, False, False, True, True]
+
+
+def test_an_event_that_cannot_become_rows_raises_and_its_offset_still_counts(store: ChdbStore) -> None:
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class Unknown(ev.Event):
+        pass
+
+    writer = AnalyticsWriter(store)
+    good = sessions(1)[0]
+    writer.add(received(good, offset=0))
+    poison = received(good, offset=1)
+    poison = dataclasses.replace(poison, event=Unknown())
+    with pytest.raises(RowError, match="Unknown"):
+        writer.add(poison)
+    handled = writer.flush()
+    assert [r.offset for r in handled] == [0, 1]
+    assert writer.stats.dead_lettered == 1
+    assert store.stored_offsets() == {("sf.sessions", 0): 2}
+
+
+def test_llm_call_with_segments_writes_into_two_tables(store: ChdbStore) -> None:
+    writer = AnalyticsWriter(store)
+    writer.add(received(example(ev.LLMCall, 3)))
+    writer.flush()
+    assert (store.count("llm_calls"), store.count("llm_call_segments")) == (1, 2)
+    assert dict(writer.stats.rows_by_table) == {"llm_calls": 1, "llm_call_segments": 2}
