@@ -509,8 +509,8 @@ class TrajectoryProcessor:
                     delta = SessionDelta.from_bytes(value)
                     part.assembler.restore(delta)
                 except AdapterError as e:  # a gap: keep the prefix, drop the rest (and its entries)
-                    log.error("session %s restored from %d of its %d table entries: %s", sid, i, len(entries), e,
-                              extra={**_LOG, "session": sid})
+                    log.error("session %s restored from %d of its %d table entries (seqs %s): %s", sid, i,
+                              len(entries), [s for s, _ in entries], e, extra={**_LOG, "session": sid})
                     part.pending += [(TableKey(DELTA, p, sid, s).to_bytes(), None) for s, _ in entries[i:]]
                     break
                 if delta.group_size:

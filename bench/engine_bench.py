@@ -28,10 +28,9 @@ from pathlib import Path
 import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-from inference_svc.controller import InferenceController  # noqa: E402
-from inference_svc.default_model import create_default_model, write_perturbed_checkpoint  # noqa: E402
-from inference_svc.engine import GenerationResult, NativeEngine, SamplingOptions  # noqa: E402
+from inference_svc.controller import InferenceController
+from inference_svc.default_model import create_default_model, write_perturbed_checkpoint
+from inference_svc.engine import GenerationResult, NativeEngine, SamplingOptions
 
 
 @dataclass
@@ -42,7 +41,7 @@ class Args:
     repeats: int
     poisson_requests: int
     load: float
-    threads: int | None
+    threads: int
 
 
 def parse_args() -> Args:
@@ -50,10 +49,14 @@ def parse_args() -> Args:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--prompt-len", type=int, default=32)
     parser.add_argument("--batch-sizes", default="1,16,64")
-    parser.add_argument("--repeats", type=int, default=3, help="timed runs per point (the median is shown)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs per point (the median is shown)")
     parser.add_argument("--poisson-requests", type=int, default=160)
     parser.add_argument("--load", type=float, default=0.8, help="arrival rate as a fraction of bs16 capacity")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument(
+        "--threads", type=int, default=1,
+        help="torch threads for both sides (default 1: the ops of a 0.8M model are too small to split, and "
+        "on a shared 2-core machine a second thread mostly waits)",
+    )
     ns = parser.parse_args()
     return Args(
         ns.new_tokens, ns.prompt_len, [int(b) for b in ns.batch_sizes.split(",")], ns.repeats,
@@ -61,24 +64,29 @@ def parse_args() -> Args:
     )
 
 
-def median_time(run: Callable[[], object], repeats: int) -> float:
-    run()  # warm-up
-    times = []
+def interleaved_median_times(runs: list[Callable[[], object]], repeats: int) -> list[float]:
+    for run in runs:
+        run()  # warm-up
+    times: list[list[float]] = [[] for _ in runs]
     for _ in range(repeats):
-        started = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
+        for run, bucket in zip(runs, times, strict=True):
+            started = time.perf_counter()
+            run()
+            bucket.append(time.perf_counter() - started)
+    return [statistics.median(bucket) for bucket in times]
 
 
-def bench_throughput(args: Args, hf: torch.nn.Module, engine: NativeEngine, pad_id: int) -> dict[int, tuple[float, float]]:
+def bench_throughput(
+    args: Args, hf: torch.nn.Module, engine: NativeEngine, pad_id: int
+) -> dict[int, tuple[float, float]]:
+    """Median tokens/s of each side; the two sides alternate run by run so load changes hit both."""
     rng = torch.Generator().manual_seed(0)
     results: dict[int, tuple[float, float]] = {}
     n = args.new_tokens
     for bs in args.batch_sizes:
         prompts = torch.randint(0, 256, (bs, args.prompt_len), generator=rng)
 
-        def run_hf(prompts: torch.Tensor = prompts) -> None:
+        def run_hf(prompts: torch.Tensor = prompts, bs: int = bs) -> None:
             with torch.inference_mode():
                 out = hf.generate(  # type: ignore[operator]
                     prompts, attention_mask=torch.ones_like(prompts), do_sample=True, temperature=1.0, top_k=0,
@@ -93,8 +101,8 @@ def bench_throughput(args: Args, hf: torch.nn.Module, engine: NativeEngine, pad_
             ]
             assert all(len(f.result().output_ids) == n for f in futures)
 
-        hf_tps = bs * n / median_time(run_hf, args.repeats)
-        native_tps = bs * n / median_time(run_native, args.repeats)
+        hf_s, native_s = interleaved_median_times([run_hf, run_native], args.repeats)
+        hf_tps, native_tps = bs * n / hf_s, bs * n / native_s
         results[bs] = (hf_tps, native_tps)
         print(f"  bs={bs:>3}: hf generate {hf_tps:9.0f} tok/s   native {native_tps:9.0f} tok/s", flush=True)
     return results
@@ -135,6 +143,13 @@ def _stats(work: Workload, started: float, finished: list[float]) -> ServingStat
     )
 
 
+def _stamp(finished: list[float], index: int) -> Callable[[Future[GenerationResult]], None]:
+    def record(_: Future[GenerationResult]) -> None:
+        finished[index] = time.perf_counter()
+
+    return record
+
+
 def serve_continuous(engine: NativeEngine, work: Workload) -> ServingStats:
     finished = [0.0] * len(work.arrivals)
     futures: list[Future[GenerationResult]] = []
@@ -144,7 +159,7 @@ def serve_continuous(engine: NativeEngine, work: Workload) -> ServingStats:
         if delay > 0:
             time.sleep(delay)
         future = engine.submit(prompt, SamplingOptions(max_new_tokens=budget, ignore_eos=True, seed=i))
-        future.add_done_callback(lambda _, i=i: finished.__setitem__(i, time.perf_counter()))
+        future.add_done_callback(_stamp(finished, i))
         futures.append(future)
     for future in futures:
         future.result()
@@ -203,8 +218,7 @@ def bench_swap(engine: NativeEngine, checkpoints: list[Path], rounds: int = 3) -
 
 def main() -> None:
     args = parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -145,7 +145,8 @@ class EventConsumer:
         return out
 
     def _mark(self, topic: str, partition: int, offset: int) -> None:
-        self._pending[(topic, partition)] = offset + 1
+        key = (topic, partition)
+        self._pending[key] = max(self._pending.get(key, 0), offset + 1)
 
     def mark_processed(self, received: Received) -> None:
         """Records that the handler finished with `received`; `commit` then makes it durable."""
@@ -195,9 +196,11 @@ class EventConsumer:
         for tp in self._consumer.assignment():
             self._consumer.seek(TopicPartition(tp.topic, tp.partition, OFFSET_BEGINNING))
 
-    def close(self) -> None:
+    def close(self, commit: bool = True) -> None:
+        """Closes the consumer; `commit=False` leaves unconfirmed work to be re-read by the next one."""
         try:
-            self.commit()
+            if commit:
+                self.commit()
         finally:
             self._consumer.close()
             if self._owns_dlq and self._dlq is not None:

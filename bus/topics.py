@@ -39,15 +39,18 @@ CATALOG: Final[tuple[TopicSpec, ...]] = (
     TopicSpec("trajectories", 4, "task group", (ev.Trajectory, ev.BatchReady)),
     TopicSpec("tasks", 2, "task", (ev.TaskDispatched, ev.TaskCompleted)),
     TopicSpec("resources", 1, "resource", (ev.ResourceRegistered, ev.Heartbeat, ev.ResourceLost)),
-    TopicSpec("scheduler", 1, "resource", (ev.TagTransition, ev.Preemption, ev.Assignment)),
+    TopicSpec("scheduler", 1, "resource", (ev.TagTransition, ev.Preemption, ev.Assignment,
+                                           ev.SchedulerObserved, ev.SchedulerCheckpoint)),
     TopicSpec("control", 1, "resource", (ev.PauseRollout, ev.ResumeRollout, ev.LoadWeights, ev.ControlAck)),
-    TopicSpec("weights", 1, "model", (ev.WeightsPublished, ev.WeightsLoaded)),
-    TopicSpec("train", 1, "run", (ev.TrainStepStarted, ev.TrainStepCompleted)),
+    TopicSpec("weights", 1, "model", (ev.WeightsPublished, ev.WeightsLoaded,
+                                      ev.WeightSyncStarted, ev.WeightSyncCompleted)),
+    TopicSpec("train", 1, "run", (ev.TrainStepStarted, ev.TrainStepCompleted, ev.TrainData)),
     TopicSpec("metrics", 2, "service", (ev.MetricSample,), retention_ms=7 * 24 * 3600 * 1000),
     TopicSpec("dlq", 1, "source topic:partition:offset", (ev.DeadLetter,)),
 )
 # The scheduler's decisions are ordered across resources (one partition for resources, scheduler,
-# control, weights and train), so replaying them rebuilds the same pool state.
+# control, weights and train), so replaying them rebuilds the same pool state. The scheduler's
+# journal (SchedulerObserved, SchedulerCheckpoint) lives on `scheduler` too: one partition, one order.
 
 _BY_NAME: Final = {t.name: t for t in CATALOG}
 _BY_EVENT: Final = {e: t for t in CATALOG for e in t.events}

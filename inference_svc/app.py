@@ -44,6 +44,7 @@ from inference_svc.protocol import (
 
 logger = logging.getLogger(__name__)
 HEALTH_TIMEOUT_S = 20.0
+DISCONNECT_POLL_S = 0.5
 
 
 def error_response(exc: Exception) -> JSONResponse:
@@ -139,13 +140,19 @@ def create_app(config: InferenceConfig, engine: NativeEngine | None = None) -> F
         return list(tokenizer.encode(req.text, add_special_tokens=False))
 
     @app.post("/generate", response_model=None)
-    async def generate(req: GenerateRequest) -> Response | dict[str, Any]:
+    async def generate(req: GenerateRequest, request: Request) -> Response | dict[str, Any]:
         ids = prompt_ids(req)
         sampling = req.sampling_params.to_options()
         if req.stream:
             return StreamingResponse(stream(req, ids, sampling), media_type="text/event-stream")
-        result = await asyncio.wrap_future(served.submit(ids, sampling, rid=req.rid))
-        return render(result, req).model_dump()
+        rid = req.rid or uuid.uuid4().hex
+        pending = asyncio.wrap_future(served.submit(ids, sampling, rid=rid))
+        while not pending.done():  # a caller that hung up no longer holds a slot
+            await asyncio.wait({pending}, timeout=DISCONNECT_POLL_S)
+            if not pending.done() and await request.is_disconnected():
+                await asyncio.to_thread(served.abort, rid)
+                logger.info("caller disconnected: request aborted", extra={"rid": rid})
+        return render(pending.result(), req).model_dump()
 
     async def stream(req: GenerateRequest, ids: list[int], sampling: SamplingOptions) -> AsyncGenerator[bytes]:
         loop = asyncio.get_running_loop()

@@ -134,8 +134,11 @@ class _Sequence:
     cached_len: int = 0  # tokens whose KV is in the slot; the rest are fed at the next step
     slot: int = -1
 
-    def all_tokens(self) -> list[int]:
-        return self.prompt + self.out_ids
+    def uncached_tokens(self) -> list[int]:
+        """The tokens to feed at the next step (without rebuilding prompt + output every step)."""
+        if self.cached_len >= len(self.prompt):
+            return self.out_ids[self.cached_len - len(self.prompt) :]
+        return self.prompt[self.cached_len :] + self.out_ids
 
     def pending(self) -> int:
         return len(self.prompt) + len(self.out_ids) - self.cached_len
@@ -402,6 +405,7 @@ class NativeEngine:
             if abort_all_requests:
                 self._abort_all_now("Aborted by update_weights_from_disk(abort_all_requests=True)")
             apply_state(self._model, state)
+            self._runner.refresh()
             self._version = self._version + 1 if weight_version is None else weight_version
             for seq in self._running:
                 seq.cached_len = 0  # re-prefill prompt + generated with the new weights
@@ -545,7 +549,7 @@ class NativeEngine:
 
     def _extend_and_sample(self, group: list[_Sequence]) -> None:
         logits = self._runner.extend(
-            [s.slot for s in group], [s.cached_len for s in group], [s.all_tokens()[s.cached_len :] for s in group]
+            [s.slot for s in group], [s.cached_len for s in group], [s.uncached_tokens() for s in group]
         )
         uniforms = torch.cat([torch.rand(1, generator=s.generator) for s in group])
         tokens, logprobs = sample_rows(logits, [s.sampling for s in group], uniforms)

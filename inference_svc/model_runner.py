@@ -102,7 +102,13 @@ class SlotKVCache:
 
 
 class BatchRunner:
-    """Runs `extend` steps of one model over one `SlotKVCache`."""
+    """Runs `extend` steps of one model over one `SlotKVCache`.
+
+    For speed the runner fuses each layer's q/k/v projections and gate/up projections into single
+    matrices, and makes the model's own parameters views into them: a weight swap that copies into
+    the model's parameters (`weights.apply_state`) lands in the fused matrices with no extra copy.
+    The per-head q/k norm weights are small derived copies, re-read by `refresh()` after a swap.
+    """
 
     def __init__(self, model: Any, cache: SlotKVCache) -> None:
         """`model` is a transformers *ForCausalLM (typed Any: its submodules are untyped)."""
@@ -112,10 +118,21 @@ class BatchRunner:
         self.device = cache.device
         inner = model.model
         self._embed: Any = inner.embed_tokens
-        self._layers: list[Any] = list(inner.layers)
         self._norm: Any = inner.norm
         self._rotary: Any = inner.rotary_emb
         self._lm_head: Any = model.lm_head
+        self._layers = [_FusedLayer(layer, self.shape) for layer in inner.layers]
+        d = self.shape.head_dim
+        half = d // 2
+        rotation = torch.zeros(d, d, dtype=model.dtype, device=self.device)  # x @ rotation == rotate_half(x)
+        rotation[torch.arange(half, d), torch.arange(half)] = -1.0
+        rotation[torch.arange(half), torch.arange(half, d)] = 1.0
+        self._rotation = rotation
+
+    def refresh(self) -> None:
+        """Re-reads the derived per-head norm weights (call after the model's weights changed)."""
+        for layer in self._layers:
+            layer.refresh()
 
     def extend(self, slots: list[int], offsets: list[int], chunks: list[list[int]]) -> torch.Tensor:
         """Appends `chunks[b]` at position `offsets[b]` of slot `slots[b]`; returns last-token logits [B, V].
@@ -129,59 +146,121 @@ class BatchRunner:
         kv_len = max(o + n for o, n in zip(offsets, lengths, strict=True))
         self.cache.ensure_capacity(kv_len)
         device = self.device
-        ids = torch.zeros((batch, width), dtype=torch.long)
-        for b, chunk in enumerate(chunks):
-            ids[b, : len(chunk)] = torch.tensor(chunk, dtype=torch.long)
-        ids = ids.to(device)
+        ids = torch.tensor([c + [0] * (width - len(c)) for c in chunks], dtype=torch.long, device=device)
         offset_t = torch.tensor(offsets, dtype=torch.long, device=device)
         positions = offset_t.unsqueeze(1) + torch.arange(width, device=device).unsqueeze(0)  # [B, N]
         slot_t = torch.tensor(slots, dtype=torch.long, device=device)
-        if all(n == width for n in lengths):
-            write_b = torch.arange(batch, device=device).repeat_interleave(width)
-            write_i = torch.arange(width, device=device).repeat(batch)
+        decode = width == 1
+        if decode:
+            write_slot, write_pos = slot_t, offset_t
+            write_b = write_i = None
         else:
             valid = torch.arange(width, device=device).unsqueeze(0) < torch.tensor(lengths, device=device).unsqueeze(1)
             write_b, write_i = valid.nonzero(as_tuple=True)
-        write_slot = slot_t[write_b]
-        write_pos = positions[write_b, write_i]
-        # mask[b, 0, i, j]: query i of row b may attend key position j (causal over prefix + chunk)
-        mask = (torch.arange(kv_len, device=device).view(1, 1, 1, kv_len) <= positions.view(batch, 1, width, 1))
+            write_slot, write_pos = slot_t[write_b], positions[write_b, write_i]
+        # allowed[b, 0, i, j]: query i of row b may attend key position j (causal over prefix + chunk)
+        allowed = torch.arange(kv_len, device=device).view(1, 1, 1, kv_len) <= positions.view(batch, 1, width, 1)
         first = slots[0]
-        contiguous = slots == list(range(first, first + batch))
+        rows = slice(first, first + batch) if slots == list(range(first, first + batch)) else slot_t
 
         hidden = self._embed(ids)
         cos, sin = self._rotary(hidden, positions)
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)  # [B, N, 1, D]: broadcast over heads
+        if decode:  # additive mask, shared by the grouped query heads of every layer
+            mask = torch.zeros(allowed.shape, dtype=hidden.dtype, device=device).masked_fill_(~allowed, float("-inf"))
         for layer_idx, layer in enumerate(self._layers):
-            attn = layer.self_attn
-            residual = hidden
-            x = layer.input_layernorm(hidden)
-            q = attn.q_proj(x).view(batch, width, -1, self.shape.head_dim)
-            k = attn.k_proj(x).view(batch, width, -1, self.shape.head_dim)
-            v = attn.v_proj(x).view(batch, width, -1, self.shape.head_dim)
-            if hasattr(attn, "q_norm"):
-                q, k = attn.q_norm(q), attn.k_norm(k)
-            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, heads, N, D]
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
             cache_k, cache_v = self.cache.keys[layer_idx], self.cache.values[layer_idx]
-            cache_k[write_slot, :, write_pos] = k.transpose(1, 2)[write_b, write_i].to(cache_k.dtype)
-            cache_v[write_slot, :, write_pos] = v.transpose(1, 2)[write_b, write_i].to(cache_v.dtype)
-            if contiguous:
-                keys, values = cache_k[first : first + batch, :, :kv_len], cache_v[first : first + batch, :, :kv_len]
+            q, k, v = layer.project_qkv(hidden, cos, sin, self._rotation)  # [B, N, heads, D]
+            if decode:
+                cache_k[write_slot, :, write_pos] = k[:, 0].to(cache_k.dtype)
+                cache_v[write_slot, :, write_pos] = v[:, 0].to(cache_v.dtype)
+                out = layer.decode_attention(q, cache_k[rows, :, :kv_len], cache_v[rows, :, :kv_len], mask)
             else:
-                keys, values = cache_k[slot_t, :, :kv_len], cache_v[slot_t, :, :kv_len]
-            out = F.scaled_dot_product_attention(
-                q, keys, values, attn_mask=mask, scale=attn.scaling,
-                enable_gqa=self.shape.num_kv_heads != self.shape.num_heads,
-            )
-            hidden = residual + attn.o_proj(out.transpose(1, 2).reshape(batch, width, -1))
-            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+                cache_k[write_slot, :, write_pos] = k[write_b, write_i].to(cache_k.dtype)
+                cache_v[write_slot, :, write_pos] = v[write_b, write_i].to(cache_v.dtype)
+                out = F.scaled_dot_product_attention(
+                    q.transpose(1, 2), cache_k[rows, :, :kv_len], cache_v[rows, :, :kv_len], attn_mask=allowed,
+                    scale=layer.scaling, enable_gqa=self.shape.num_kv_heads != self.shape.num_heads,
+                ).transpose(1, 2).reshape(batch, width, -1)
+            hidden = layer.finish(hidden, out)
         last = torch.tensor(lengths, device=device) - 1
         final = self._norm(hidden[torch.arange(batch, device=device), last])
         return self._lm_head(final).float().cpu()
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+class _FusedLayer:
+    """One decoder layer with fused projections; numerics follow the transformers modules it wraps."""
+
+    def __init__(self, layer: Any, shape: ModelShape) -> None:
+        self.layer = layer
+        attn, mlp = layer.self_attn, layer.mlp
+        self.heads, self.kv_heads, self.head_dim = shape.num_heads, shape.num_kv_heads, shape.head_dim
+        self.group = self.heads // self.kv_heads
+        self.scaling = float(attn.scaling)
+        self.qkv_weight = _fuse_into_views([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
+        biases = [attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]
+        self.qkv_bias = _fuse_into_views(biases) if all(b is not None for b in biases) else None
+        self.gate_up_weight = _fuse_into_views([mlp.gate_proj.weight, mlp.up_proj.weight])
+        self.intermediate = mlp.gate_proj.weight.shape[0]
+        self.act = mlp.act_fn
+        self.o_proj, self.down_proj = attn.o_proj, mlp.down_proj
+        self.ln1, self.ln2 = layer.input_layernorm, layer.post_attention_layernorm
+        self.q_norm, self.k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
+        self.qk_norm_weight: torch.Tensor | None = None
+        self.refresh()
+
+    def refresh(self) -> None:
+        if self.q_norm is not None and self.k_norm is not None:
+            self.qk_norm_weight = torch.cat(
+                [self.q_norm.weight.expand(self.heads, -1), self.k_norm.weight.expand(self.kv_heads, -1)]
+            )
+
+    def project_qkv(
+        self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotation: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        batch, width = hidden.shape[:2]
+        qkv = F.linear(_rms(hidden, self.ln1), self.qkv_weight, self.qkv_bias)
+        qkv = qkv.view(batch, width, self.heads + 2 * self.kv_heads, self.head_dim)
+        qk = qkv[:, :, : self.heads + self.kv_heads]
+        if self.qk_norm_weight is not None:
+            assert self.q_norm is not None
+            qk = _rms_with(qk, self.qk_norm_weight, self.q_norm.variance_epsilon)
+        qk = qk * cos + torch.matmul(qk, rotation) * sin  # rotary embedding of q and k at once
+        return qk[:, :, : self.heads], qk[:, :, self.heads :], qkv[:, :, self.heads + self.kv_heads :]
+
+    def decode_attention(
+        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        """One query per row: the query heads sharing a KV head attend as one [group, L] block."""
+        batch = q.shape[0]
+        grouped = q.reshape(batch, self.kv_heads, self.group, self.head_dim)
+        scores = torch.matmul(grouped, keys.transpose(-1, -2)).mul_(self.scaling).add_(mask)
+        out = torch.matmul(torch.softmax(scores, dim=-1), values)  # [B, KVH, G, D]
+        return out.reshape(batch, 1, self.heads * self.head_dim)
+
+    def finish(self, hidden: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
+        hidden = hidden + self.o_proj(attn_out)
+        gate, up = F.linear(_rms(hidden, self.ln2), self.gate_up_weight).split(self.intermediate, dim=-1)
+        return hidden + self.down_proj(self.act(gate) * up)
+
+
+def _fuse_into_views(params: list[Any]) -> torch.Tensor:
+    """Concatenates parameters along dim 0 and re-points each one at its slice of the result."""
+    fused = torch.cat([p.data for p in params], dim=0).contiguous()
+    start = 0
+    for p in params:
+        p.data = fused[start : start + p.shape[0]]
+        start += p.shape[0]
+    return fused
+
+
+def _rms(x: torch.Tensor, norm: Any) -> torch.Tensor:
+    return _rms_with(x, norm.weight, norm.variance_epsilon)
+
+
+def _rms_with(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' RMSNorm (float32 statistics, weight applied in the input dtype), with fewer ops."""
+    if x.dtype == torch.float32:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+    h = x.float()
+    return weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)

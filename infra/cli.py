@@ -6,6 +6,7 @@ import json
 import signal
 import threading
 import time
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -18,6 +19,11 @@ from bus.errors import BusError
 app = typer.Typer(help="SeamlessFlow: event-sourced RL post-training for LLM agents.", no_args_is_help=True)
 events_app = typer.Typer(help="Read events from the bus.", no_args_is_help=True)
 app.add_typer(events_app, name="events")
+# One command per service state that can be rebuilt from the bus (`replay scheduler`, ...).
+replay_app = typer.Typer(
+    help="Rebuild a service's state from its topics and check it against what was recorded.", no_args_is_help=True
+)
+app.add_typer(replay_app, name="replay")
 console = Console()
 
 
@@ -118,6 +124,53 @@ def tail(
         raise typer.Exit(2) from e
     finally:
         consumer.close()
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True}, add_help_option=False)
+def sim(ctx: typer.Context) -> None:
+    """Run the cluster simulator: the scheduler core on a modelled cluster (`sflow sim --help` lists options)."""
+    from scheduler_svc.sim import main as sim_main
+
+    raise typer.Exit(sim_main(list(ctx.args)))
+
+
+@replay_app.command("scheduler")
+def replay_scheduler(
+    run_id: Annotated[str, typer.Option(help="run whose journal to replay")] = "run-0",
+    start: Annotated[
+        int | None, typer.Option("--from", help="check recorded states from this `scheduler` offset (or ms, --time)")
+    ] = None,
+    end: Annotated[
+        int | None, typer.Option("--to", help="rebuild up to this offset (or ms, --time), exclusive; default: the end")
+    ] = None,
+    by_time: Annotated[bool, typer.Option("--time", help="--from / --to are timestamps in ms since the epoch")] = False,
+    dataset: Annotated[
+        Path | None, typer.Option(help="the run's task dataset, if it moved since it was recorded")
+    ] = None,
+    show_state: Annotated[bool, typer.Option("--show-state", help="print the rebuilt state as JSON")] = False,
+) -> None:
+    """Rebuild the scheduler of a run from its journal and diff it with every recorded state in range."""
+    from infra import stack
+    from scheduler_svc.errors import SchedulerError
+    from scheduler_svc.service import replay_scheduler as replay_journal
+
+    try:
+        report = replay_journal(stack.bus_config("sflow-replay"), run_id, start=start, end=end, by_time=by_time,
+                                dataset=dataset)
+    except (SchedulerError, BusError) as e:
+        console.print(f"[red]error:[/] {e}")
+        raise typer.Exit(2) from e
+    table = Table("offset", "records", "recorded state", "differences")
+    for check in report.checks:
+        table.add_row(str(check.offset), str(check.observed_seq), "matches" if check.matches else "[red]differs[/]",
+                      "\n".join(check.differences[:10]))
+    console.print(table)
+    typer.echo(f"run {report.run_id}: {report.records} journal records replayed, {len(report.checks)} recorded "
+               f"states checked, {'all match' if report.ok else 'MISMATCH'}")
+    if show_state:
+        print(json.dumps(report.state, indent=1, sort_keys=True))
+    if not report.ok:
+        raise typer.Exit(1)
 
 
 def main() -> None:

@@ -15,7 +15,7 @@ Core API (what the shell calls)::
 
 Observations (inputs): ResourceRegistered(t, resource_id, device: DeviceSpec, loaded_version),
 Heartbeat(t, resource_id), ResourceDown(t, resource_id, reason), Tick(t),
-SampleCompleted(t, group_id, sample_index, n_tokens), TrainStepCompleted(t, assignment_id, step,
+SampleCompleted(t, group_id, sample_index, n_tokens, token_versions), TrainStepCompleted(t, assignment_id, step,
 version), WeightsLoaded(t, resource_id, version).
 
 Decisions (outputs) and the topic each belongs to (DESIGN.md section 3):
@@ -26,10 +26,12 @@ Decisions (outputs) and the topic each belongs to (DESIGN.md section 3):
     control:   PauseRollout(resource_id, mode 'abort'|'in_place', cause),
                LoadWeights(resource_id, version, sync_id, cause), ResumeRollout(resource_id, version, cause)
     weights:   WeightSyncStarted / WeightSyncCompleted(sync_id, version, resource_ids)
-    train:     TrainData(assignment_id, step, group_ids, group_versions, final)  (Assignment of kind
-               'train' is the TrainStepStarted of that step)
-    tasks:     TaskDispatched(task_id, group_id, n_samples, payload, policy_version, position),
-               TaskCompleted(task_id, group_id, n_samples, policy_version, n_tokens)
+    train:     TrainData(assignment_id, step, group_ids, group_versions, final, token_lags)  (Assignment
+               of kind 'train' is the TrainStepStarted of that step)
+    tasks:     TaskDispatched(task_id, group_id, n_samples, payload, policy_version, position, attempt),
+               TaskCompleted(task_id, group_id, n_samples, policy_version, n_tokens),
+               TaskAborted(task_id, group_id, n_samples, policy_version, cause, regenerate, attempt,
+               n_tokens)  (only with a policy of straggler="abort")
 
 Building blocks, each usable alone: `ResourcePool` (tags, queries, preemptive SPMD assignment,
 failures), `TagPolicy` and the `colocated` / `disaggregated` / `spatiotemporal` presets (policies
@@ -54,6 +56,7 @@ from scheduler_svc.decisions import (
     ResumeRollout,
     SampleCompleted,
     TagTransition,
+    TaskAborted,
     TaskCompleted,
     TaskDispatched,
     Tick,
@@ -98,6 +101,7 @@ __all__ = [
     "TagPolicy",
     "TagTransition",
     "Task",
+    "TaskAborted",
     "TaskCompleted",
     "TaskDataset",
     "TaskDispatched",

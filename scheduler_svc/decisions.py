@@ -59,12 +59,20 @@ class Tick:
 
 @dataclass(frozen=True, slots=True)
 class SampleCompleted:
-    """One sample (trajectory) of a dispatched group is finished. Duplicates are ignored."""
+    """One sample (trajectory) of a dispatched group is finished. Duplicates are ignored.
+
+    `token_versions` is the sample's generated tokens per policy version, ``((version, tokens), ...)``,
+    as the trajectory manager recorded them (the per-token versions of its LLM calls). Under partial
+    rollout a sample that spans a weight sync has tokens at several versions; the staleness bound
+    applies to its oldest one. Empty (a shell that does not report versions): all `n_tokens` count
+    at the version the group was dispatched under, which is never newer than the truth.
+    """
 
     t: float
     group_id: str
     sample_index: int
     n_tokens: int = 0
+    token_versions: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,13 +187,20 @@ class WeightSyncCompleted:
 
 @dataclass(frozen=True, slots=True)
 class TrainData:
-    """Groups handed to the running train step; `final` closes its batch (micro-batches stream in)."""
+    """Groups handed to the running train step; `final` closes its batch (micro-batches stream in).
+
+    `group_versions[i]` is the oldest policy version among the tokens of group i (its dispatch
+    version when no token versions were reported), so ``step - group_versions[i]`` is the largest
+    token lag in that group. `token_lags` is the histogram ``((lag, tokens), ...)`` of every
+    generated token handed over here: what the trainer trains on, by staleness.
+    """
 
     assignment_id: str
     step: int
     group_ids: tuple[str, ...]
     group_versions: tuple[int, ...]
     final: bool
+    token_lags: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,6 +213,8 @@ class TaskDispatched:
     payload: Mapping[str, Any] = field(default_factory=dict)
     policy_version: int = 0
     position: int = 0  # index in the (epoch-repeated) dataset order; rebuilds the loader's cursor
+    #: 0 for a task's first dispatch; k > 0 when the group is re-generated after its k-th abort
+    attempt: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,6 +224,25 @@ class TaskCompleted:
     n_samples: int
     policy_version: int
     n_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class TaskAborted:
+    """A group can no longer be trained within the staleness bound (it was still rolling out when the
+    last step allowed to take its oldest tokens closed its batch): its sessions are cancelled and
+    everything it generated is discarded. With `regenerate` the task is dispatched again under the
+    current version (``TaskDispatched.attempt`` + 1); otherwise it is dropped from this epoch.
+    Only policies with ``straggler="abort"`` emit it. A shell without a dedicated event can publish
+    it as ``TaskCompleted(status="aborted" | "dropped")``."""
+
+    task_id: str
+    group_id: str
+    n_samples: int
+    policy_version: int
+    cause: str
+    regenerate: bool
+    attempt: int = 0
+    n_tokens: int = 0  # tokens of the group's samples that had already completed (known waste)
 
 
 Observation = (
@@ -225,6 +261,7 @@ Decision = (
     | TrainData
     | TaskDispatched
     | TaskCompleted
+    | TaskAborted
 )
 Record = Observation | Decision
 

@@ -11,11 +11,20 @@ the compute-rich devices. The switching rule is the same for every policy:
 * when the step ends, `train`-tagged resources that also carry `rollout` load the new weights and
   go back to rollout; the others wait idle for the next step.
 
-`max_staleness` is the bound on the policy-version lag of trained data (AReaL's
-max_head_offpolicyness): 0 = synchronous on-policy, 1 = one-step asynchronous. With
-`strict_staleness` (the default) the bound holds for every trained group, stragglers included: a step
-waits for groups that would otherwise become too old (see rollout_manager); without it only the
-dispatch budget applies, i.e. AReaL's head-only bound, and a straggler may be trained on later.
+`max_staleness` (eta) bounds the policy-version lag of every *trained token*: 0 = synchronous
+on-policy, 1 = one-step asynchronous. Under partial rollout a sample that spans a weight sync holds
+tokens of several versions, so what the bound constrains is a group's *oldest* token: generated at
+version v, it must be trained by step v + eta. With `strict_staleness` (the default) the bound holds
+for every trained token, stragglers included, and `straggler` says what happens to a group still
+rolling out when the last step allowed to take its oldest tokens closes its batch:
+
+* ``"wait"``: the step keeps its batch open until the group is done (a barrier on the long tail);
+* ``"abort"``: the step closes on the groups that are complete and the straggler is aborted, its
+  tokens discarded (waste); it is re-generated under the current version up to
+  `max_regenerations` times, then dropped.
+
+Without `strict_staleness` only the dispatch budget applies, i.e. AReaL's head-only bound, and a
+straggler may be trained on later with older tokens than eta allows.
 `train_microbatches` > 1 lets a train step start on the first micro-batch and stream the rest in
 (DeepCoder-style).
 
@@ -32,6 +41,7 @@ from scheduler_svc.errors import ConfigError
 from scheduler_svc.tags import CAPABILITIES, CRITIC, REFERENCE, ROLLOUT, TRAIN
 
 PLACEMENTS = ("train_priority", "registration_order")
+STRAGGLER_RULES = ("wait", "abort")
 
 
 class Placeable(Protocol):
@@ -72,6 +82,8 @@ class TagPolicy:
     train_microbatches: int = 1
     placement: str = "train_priority"
     strict_staleness: bool = True
+    straggler: str = "wait"
+    max_regenerations: int = 1
 
     def __post_init__(self) -> None:
         if not self.groups:
@@ -80,6 +92,12 @@ class TagPolicy:
             raise ConfigError(f"TagPolicy.max_staleness must be >= 0, got {self.max_staleness!r}")
         if self.train_microbatches < 1:
             raise ConfigError(f"TagPolicy.train_microbatches must be >= 1, got {self.train_microbatches!r}")
+        if self.straggler not in STRAGGLER_RULES:
+            raise ConfigError(f"TagPolicy.straggler must be one of {STRAGGLER_RULES}, got {self.straggler!r}")
+        if self.straggler == "abort" and not self.strict_staleness:
+            raise ConfigError("TagPolicy.straggler='abort' needs strict_staleness=True (there is no bound to enforce)")
+        if self.max_regenerations < 0:
+            raise ConfigError(f"TagPolicy.max_regenerations must be >= 0, got {self.max_regenerations!r}")
         if self.placement not in PLACEMENTS:
             raise ConfigError(f"TagPolicy.placement must be one of {PLACEMENTS}, got {self.placement!r}")
         all_tags = set().union(*(g.tags for g in self.groups))
@@ -115,6 +133,9 @@ class TagPolicy:
             "max_staleness": self.max_staleness,
             "train_microbatches": self.train_microbatches,
             "placement": self.placement,
+            "strict_staleness": self.strict_staleness,
+            "straggler": self.straggler,
+            "max_regenerations": self.max_regenerations,
         }
 
 
@@ -122,10 +143,10 @@ def _train_tags(with_critic: bool) -> frozenset[str]:
     return frozenset({TRAIN, REFERENCE, CRITIC} if with_critic else {TRAIN, REFERENCE})
 
 
-def colocated(*, max_staleness: int = 0, with_critic: bool = False) -> TagPolicy:
+def colocated(*, max_staleness: int = 0, with_critic: bool = False, straggler: str = "wait") -> TagPolicy:
     """verl-style: every resource carries every tag; rollout and train alternate on all of them."""
     tags = _train_tags(with_critic) | {ROLLOUT}
-    return TagPolicy("colocated", (TagGroup(tags, None),), max_staleness=max_staleness)
+    return TagPolicy("colocated", (TagGroup(tags, None),), max_staleness=max_staleness, straggler=straggler)
 
 
 def disaggregated(
@@ -135,6 +156,7 @@ def disaggregated(
     train_microbatches: int = 1,
     with_critic: bool = False,
     placement: str = "train_priority",
+    straggler: str = "wait",
 ) -> TagPolicy:
     """OpenRLHF-style: `train_resources` only train, the rest only roll out."""
     return TagPolicy(
@@ -143,6 +165,7 @@ def disaggregated(
         max_staleness=max_staleness,
         train_microbatches=train_microbatches,
         placement=placement,
+        straggler=straggler,
     )
 
 
@@ -153,6 +176,7 @@ def spatiotemporal(
     train_microbatches: int = 1,
     with_critic: bool = False,
     placement: str = "train_priority",
+    straggler: str = "wait",
 ) -> TagPolicy:
     """SeamlessFlow: `train_resources` carry {rollout, train}, the rest {rollout}; all roll out, the
     train-capable ones are preempted for each step and return to rollout after it."""
@@ -165,4 +189,5 @@ def spatiotemporal(
         max_staleness=max_staleness,
         train_microbatches=train_microbatches,
         placement=placement,
+        straggler=straggler,
     )

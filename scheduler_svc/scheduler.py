@@ -23,6 +23,7 @@ from scheduler_svc.decisions import (
     ResourceDown,
     ResourceLost,
     SampleCompleted,
+    TaskAborted,
     Tick,
     WeightSyncStarted,
 )
@@ -136,6 +137,16 @@ class Scheduler:
                     "step": decision.step,
                     "resources": len(decision.resource_ids),
                     "version": decision.policy_version,
+                },
+            )
+        elif isinstance(decision, TaskAborted):
+            log.info(
+                "task aborted: past the staleness bound",
+                extra={
+                    "service": "scheduler",
+                    "group": decision.group_id,
+                    "version": decision.policy_version,
+                    "regenerate": decision.regenerate,
                 },
             )
         elif isinstance(decision, WeightSyncStarted) and len(decision.resource_ids) > 1:

@@ -472,6 +472,83 @@ class DeadLetter(Event):
         return f"{self.source_topic}:{self.source_partition}:{self.source_offset}"
 
 
+# --- scheduler journal, train data, weight syncs (scheduler_svc service) ----------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class SchedulerObserved(Event):
+    """The scheduler's journal: one handled input, written before the decisions it caused."""
+
+    run_id: str
+    seq: int
+    source_topic: str = ""
+    source_partition: int = -1
+    source_offset: int = -1
+    input: str
+    observations: str
+    event_seq: int
+    num_events: int
+
+    @property
+    def key(self) -> str:
+        return self.run_id
+
+
+@dataclass(frozen=True, kw_only=True)
+class SchedulerCheckpoint(Event):
+    """Every decision of the journal before it is published; config and (sometimes) the state."""
+
+    run_id: str
+    observed_seq: int
+    event_seq: int
+    config: str
+    state_sha256: str = ""
+    state: str = ""
+
+    @property
+    def key(self) -> str:
+        return self.run_id
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainData(Event):
+    run_id: str
+    assignment_id: str
+    step: int
+    group_ids: tuple[str, ...] = ()
+    group_versions: tuple[int, ...] = ()
+    staleness_histogram: tuple[int, ...] = ()
+    final: bool
+
+    @property
+    def key(self) -> str:
+        return self.run_id
+
+
+@dataclass(frozen=True, kw_only=True)
+class WeightSyncStarted(Event):
+    model: str
+    sync_id: str
+    version: int
+    resource_ids: tuple[str, ...] = ()
+
+    @property
+    def key(self) -> str:
+        return self.model
+
+
+@dataclass(frozen=True, kw_only=True)
+class WeightSyncCompleted(Event):
+    model: str
+    sync_id: str
+    version: int
+    resource_ids: tuple[str, ...] = ()
+
+    @property
+    def key(self) -> str:
+        return self.model
+
+
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.__name__: cls
     for cls in (
@@ -479,6 +556,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         ResourceRegistered, Heartbeat, ResourceLost, TagTransition, Preemption, Assignment,
         PauseRollout, ResumeRollout, LoadWeights, ControlAck, WeightsPublished, WeightsLoaded,
         TrainStepStarted, TrainStepCompleted, MetricSample, DeadLetter,
+        SchedulerObserved, SchedulerCheckpoint, TrainData, WeightSyncStarted, WeightSyncCompleted,
     )
 }
 

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args
 
+from bus.config import BusConfig
 from trainer_svc.errors import ConfigError
 
 Precision = Literal["fp32", "bf16"]
@@ -214,3 +216,117 @@ def _section(cls: type[C], name: str, data: Mapping[str, Any]) -> C:
     if isinstance(values.get("skip_statuses"), list):
         values["skip_statuses"] = tuple(values["skip_statuses"])
     return cls(**values)
+
+
+# --- the service shell -------------------------------------------------------------------------
+
+ServiceMode = Literal["scheduled", "standalone"]
+_RUN_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServiceConfig:
+    """The trainer service (`python -m trainer_svc`): which run it trains, when it steps, where weights go.
+
+    `from_mapping` reads it from plain dicts (a YAML/JSON file); the bus settings are not part of the
+    file but come from the environment (`BusConfig.from_env`) or the CLI.
+    """
+
+    run_id: str
+    """Run id, 1-64 of [A-Za-z0-9._:-]: names the checkpoint folder, keys the `train` events and must
+    equal the scheduler's run id (it ignores TrainStepCompleted of other runs)."""
+    base_model_dir: str
+    """Hugging Face model directory the policy starts from (version 0); later versions come from checkpoints."""
+    weights_root: str
+    """Weights store: checkpoints go to `<weights_root>/<run_id>/v<version>`, one directory per version."""
+    resource_ids: tuple[str, ...] = ("trainer-0",)
+    """Resources this trainer runs on; a train `Assignment` naming any of them is this trainer's."""
+    model_name: str = ""
+    """`model` of the WeightsPublished events (the key of `weights`); '' = the base model directory's name."""
+    mode: ServiceMode = "scheduled"
+    """scheduled: train when the scheduler assigns a step (Assignment + TrainData); standalone: train
+    whenever `groups_per_step` complete groups (BatchReady) are buffered, no scheduler needed."""
+    groups_per_step: int = 1
+    """standalone mode: complete groups per train step."""
+    max_staleness: int | None = None
+    """Staleness bound in policy versions; None = `algorithm.max_staleness`. Overrides that field (tokens
+    older than the bound are masked in the loss) and drops buffered groups whose newest token is older."""
+    group_wait_s: float = 60.0
+    """scheduled mode: how long a step waits for assigned groups that have not arrived before it trains on
+    what is there (the missing ones are logged)."""
+    poll_timeout_s: float = 0.5
+    """Longest wait for new events in one poll (bounds how late a timeout or a stop request is seen)."""
+    dedupe_steps: int = 64
+    """Trained trajectory and group ids of this many recent steps stay in the checkpoint, besides those a
+    restart will re-read, so a late duplicate (an at-least-once re-publish) is still recognised."""
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    """Log level of the process."""
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    """DeepSpeed, precision, batching, optimizer."""
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    """Loss and advantage estimator."""
+    bus: BusConfig = field(default_factory=lambda: BusConfig.from_env(client_id="trainer"))
+    """Kafka settings (SFLOW_BOOTSTRAP, SFLOW_TOPIC_PREFIX, SFLOW_REPLICATION by default)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.run_id, str) or not _RUN_ID.match(self.run_id):
+            raise _fail("run_id", self.run_id, "must be 1-64 of [A-Za-z0-9._:-]")
+        if not isinstance(self.base_model_dir, str) or not (Path(self.base_model_dir) / "config.json").is_file():
+            raise _fail("base_model_dir", self.base_model_dir, "must be a model directory holding config.json")
+        if not isinstance(self.weights_root, str) or not self.weights_root:
+            raise _fail("weights_root", self.weights_root, "must be a non-empty path string")
+        if (not isinstance(self.resource_ids, tuple) or not self.resource_ids
+                or not all(isinstance(r, str) and r for r in self.resource_ids)):
+            raise _fail("resource_ids", self.resource_ids, "must be a non-empty tuple of non-empty strings")
+        if not isinstance(self.model_name, str):
+            raise _fail("model_name", self.model_name, "must be a string")
+        _check_choice("mode", self.mode, get_args(ServiceMode))
+        _check_number("groups_per_step", self.groups_per_step, low=1, integer=True)
+        if self.max_staleness is not None:
+            _check_number("max_staleness", self.max_staleness, low=0, integer=True)
+        _check_number("group_wait_s", self.group_wait_s, low=0)
+        _check_number("poll_timeout_s", self.poll_timeout_s, low=0, low_open=True)
+        _check_number("dedupe_steps", self.dedupe_steps, low=0, integer=True)
+        _check_choice("log_level", self.log_level, ("debug", "info", "warning", "error"))
+        if not isinstance(self.engine, EngineConfig):
+            raise _fail("engine", self.engine, "must be an EngineConfig")
+        if not isinstance(self.algorithm, AlgorithmConfig):
+            raise _fail("algorithm", self.algorithm, "must be an AlgorithmConfig")
+        if not isinstance(self.bus, BusConfig):
+            raise _fail("bus", self.bus, "must be a bus.config.BusConfig")
+
+    @property
+    def model(self) -> str:
+        """The model name WeightsPublished carries."""
+        return self.model_name or Path(self.base_model_dir).resolve().name
+
+    @property
+    def staleness_bound(self) -> int | None:
+        return self.algorithm.max_staleness if self.max_staleness is None else self.max_staleness
+
+    @property
+    def checkpoint_root(self) -> Path:
+        """Where this run's checkpoints live (`latest_checkpoint` looks here)."""
+        return Path(self.weights_root) / self.run_id
+
+    def trainer_config(self) -> TrainerConfig:
+        """The core's config: the base model, the engine, the algorithm with the service's staleness bound."""
+        algorithm = dataclasses.replace(self.algorithm, max_staleness=self.staleness_bound)
+        return TrainerConfig(model_path=self.base_model_dir, engine=self.engine, algorithm=algorithm)
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], *, bus: BusConfig | None = None) -> ServiceConfig:
+        """Builds the config from plain dicts (parsed YAML/JSON); unknown keys are errors."""
+        known = {f.name for f in dataclasses.fields(cls)} - {"bus"}
+        _refuse_unknown("", data, known)
+        values: dict[str, Any] = {k: v for k, v in data.items() if k not in ("engine", "algorithm")}
+        if isinstance(values.get("resource_ids"), list | str):
+            ids = values["resource_ids"]
+            values["resource_ids"] = tuple(ids.split(",")) if isinstance(ids, str) else tuple(ids)
+        for name in ("run_id", "base_model_dir", "weights_root"):
+            values.setdefault(name, "")
+        values["engine"] = _section(EngineConfig, "engine", data.get("engine", {}))
+        values["algorithm"] = _section(AlgorithmConfig, "algorithm", data.get("algorithm", {}))
+        if bus is not None:
+            values["bus"] = bus
+        return cls(**values)

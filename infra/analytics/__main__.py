@@ -1,7 +1,9 @@
 """`python -m infra.analytics [--data-dir DIR | --clickhouse-url URL] [--topics llm.calls,sessions ...]`
 
 Runs the analytics sink: parse config -> open the store -> consume until SIGINT/SIGTERM (or `--idle-exit-s`).
-Every `AnalyticsConfig` field is a flag (`--batch-max-events 1000`); `--topics` takes a comma list.
+Every `AnalyticsConfig` field is a flag (`--batch-max-events 1000`); `--topics` takes a comma list, and
+`none` unsets an optional field (`--group-instance-id none`: dynamic group membership). Exit status: 0 after
+a signal or `--idle-exit-s`, 2 when the store or the bus fails (nothing is committed past the stored rows).
 """
 
 from __future__ import annotations

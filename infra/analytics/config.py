@@ -141,7 +141,8 @@ class AnalyticsConfig(BaseModel):
             if self.bootstrap_servers
             else stack.bus_config(self.group_id)
         )
-        prefix = self.topic_prefix if self.topic_prefix is not None else base.topic_prefix
+        prefix = self.topic_prefix if self.topic_prefix is not None else os.environ.get(
+            "SFLOW_TOPIC_PREFIX", base.topic_prefix)
         return BusConfig(
             bootstrap_servers=base.bootstrap_servers, topic_prefix=prefix, client_id=self.group_id,
             replication_factor=base.replication_factor, extra=dict(base.extra),

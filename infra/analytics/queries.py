@@ -138,20 +138,26 @@ ORDER BY bucket_ms, resource""",
         "weight-sync",
         "Weight-sync pauses per version",
         "Per model and weight version: when it was published, how many resources loaded it, their rollout "
-        "pause (mean, median, max ms) and load time (mean ms), and the span from publish to the last load.",
+        "pause (mean, median, max ms) and load time (mean ms), the span from publish to the last load, and "
+        "the scheduler's sync duration (WeightSyncStarted to WeightSyncCompleted).",
         """
 SELECT model, version,
-       countIf(event_type = 'WeightsLoaded') AS loads,
-       if(countIf(event_type = 'WeightsPublished') > 0, minIf(ts, event_type = 'WeightsPublished'), NULL) AS published,
-       if(loads > 0, round(avgIf(pause_ms, event_type = 'WeightsLoaded'), 1), NULL) AS mean_pause_ms,
-       if(loads > 0, round(quantileExactInclusiveIf(0.5)(pause_ms, event_type = 'WeightsLoaded'), 1), NULL) AS p50_pause_ms,
-       if(loads > 0, round(maxIf(pause_ms, event_type = 'WeightsLoaded'), 1), NULL) AS max_pause_ms,
-       if(loads > 0, round(avgIf(load_ms, event_type = 'WeightsLoaded'), 1), NULL) AS mean_load_ms,
-       if(countIf(event_type = 'WeightsPublished') > 0 AND loads > 0,
-          maxIf(toUnixTimestamp64Milli(ts), event_type = 'WeightsLoaded')
-            - minIf(toUnixTimestamp64Milli(ts), event_type = 'WeightsPublished'),
-          NULL) AS publish_to_last_load_ms
-FROM {db}.weights FINAL
+       if(countIf(published) > 0, minIf(ts, published), NULL) AS published_at,
+       countIf(loaded) AS loads,
+       if(loads > 0, round(avgIf(pause_ms, loaded), 1), NULL) AS mean_pause_ms,
+       if(loads > 0, round(quantileExactInclusiveIf(0.5)(pause_ms, loaded), 1), NULL) AS p50_pause_ms,
+       if(loads > 0, round(maxIf(pause_ms, loaded), 1), NULL) AS max_pause_ms,
+       if(loads > 0, round(avgIf(load_ms, loaded), 1), NULL) AS mean_load_ms,
+       if(countIf(published) > 0 AND loads > 0, maxIf(ms, loaded) - minIf(ms, published), NULL)
+         AS publish_to_last_load_ms,
+       if(countIf(sync_started) > 0 AND countIf(sync_done) > 0, maxIf(ms, sync_done) - minIf(ms, sync_started), NULL)
+         AS sync_ms
+FROM (
+  SELECT model, version, ts, toUnixTimestamp64Milli(ts) AS ms, pause_ms, load_ms,
+         event_type = 'WeightsPublished' AS published, event_type = 'WeightsLoaded' AS loaded,
+         event_type = 'WeightSyncStarted' AS sync_started, event_type = 'WeightSyncCompleted' AS sync_done
+  FROM {db}.weights FINAL
+)
 GROUP BY model, version
 ORDER BY model, version""",
     ),
@@ -261,6 +267,14 @@ def _cell(value: Any) -> str:
     if isinstance(value, list):
         return ", ".join(_cell(v) for v in value)
     return str(value)
+
+
+def render_catalog() -> RichTable:
+    """The canned queries with their titles and parameters (for `sflow analytics --list`)."""
+    table = RichTable("query", "title", "parameters (defaults)", title="Canned analytics queries")
+    for q in CANNED.values():
+        table.add_row(q.name, q.title, ", ".join(f"{k}={v}" for k, v in q.params.items()) or "-")
+    return table
 
 
 def render(result: QueryResult) -> RichTable:

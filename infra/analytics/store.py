@@ -279,29 +279,35 @@ class ClickHouseServerStore(AnalyticsStore):
     """A ClickHouse server through clickhouse-connect (HTTP interface).
 
     url: `http[s]://[user[:password]@]host[:port][/database]`; the path, when given, overrides `database`.
+    `chdb:///abs/path` selects clickhouse-connect's in-process engine instead of HTTP: the same client calls
+    against a real ClickHouse without a server (how the tests drive this backend here).
     """
 
     def __init__(self, url: str, database: str = "sflow", fsync: bool = False, create: bool = True,
                  connect_timeout_s: float = 10.0) -> None:
         parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
+        embedded = parts.scheme == "chdb"
+        if not embedded and (parts.scheme not in ("http", "https") or not parts.hostname):
             raise AnalyticsError(f"clickhouse url must be http[s]://host[:port][/database], got {redact(url)!r}")
-        super().__init__(parts.path.strip("/") or database, fsync)
+        super().__init__(database if embedded else parts.path.strip("/") or database, fsync)
         import clickhouse_connect
         from clickhouse_connect.driver.exceptions import ClickHouseError
 
         self._errors: tuple[type[Exception], ...] = (ClickHouseError,)
         self.url = url
         try:
-            self._client: Any = clickhouse_connect.get_client(
-                host=parts.hostname,
-                port=parts.port or (8443 if parts.scheme == "https" else 8123),
-                username=parts.username or "default",
-                password=parts.password or "",
-                secure=parts.scheme == "https",
-                connect_timeout=connect_timeout_s,
-                settings=_JSON_SETTINGS,
-            )
+            if embedded:
+                self._client: Any = clickhouse_connect.get_client(dsn=url, settings=_JSON_SETTINGS)
+            else:
+                self._client = clickhouse_connect.get_client(
+                    host=parts.hostname,
+                    port=parts.port or (8443 if parts.scheme == "https" else 8123),
+                    username=parts.username or "default",
+                    password=parts.password or "",
+                    secure=parts.scheme == "https",
+                    connect_timeout=connect_timeout_s,
+                    settings=_JSON_SETTINGS,
+                )
         except ClickHouseError as e:
             raise AnalyticsError(f"cannot reach ClickHouse at {redact(url)}: {e}") from e
         if create:

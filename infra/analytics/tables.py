@@ -15,6 +15,7 @@ highest offset, so a sink that finds the ledger stale (a recreated topic) can mo
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from typing import Any, Final
 
 import numpy as np
 
+from bus.describe import describe
 from infra.analytics.errors import AnalyticsError
 from schemas import events as ev
 
@@ -138,10 +140,10 @@ TABLES: Final[tuple[Table, ...]] = (
         ("sha256", "String"), ("command_id", "String"), ("ok", "Bool"), ("error", "String"),
         ("duration_ms", "Float64"),
     )),
-    Table("weights", "WeightsPublished and WeightsLoaded (pause_ms, load_ms of the sync on a resource)", (
+    Table("weights", "WeightsPublished, WeightsLoaded (pause_ms, load_ms on a resource), WeightSyncStarted/Completed", (
         ("model", "LowCardinality(String)"), ("version", "Int64"), ("resource_id", "LowCardinality(String)"),
         ("uri", "String"), ("sha256", "String"), ("step", "Int64"), ("num_bytes", "UInt64"),
-        ("pause_ms", "Float64"), ("load_ms", "Float64"),
+        ("pause_ms", "Float64"), ("load_ms", "Float64"), ("sync_id", "String"), ("resource_ids", "Array(String)"),
     )),
     Table("train_steps", "TrainStepStarted and TrainStepCompleted", (
         ("run_id", "LowCardinality(String)"), ("step", "Int64"),
@@ -152,6 +154,16 @@ TABLES: Final[tuple[Table, ...]] = (
         ("staleness_histogram", "Array(UInt64)"),  # entry k: generated tokens of staleness k (last: beyond bound)
         ("trajectory_ids", "Array(String)"), ("duration_ms", "Float64"),
     )),
+    Table("train_data", "TrainData: the groups (and their versions) an assignment's train step reads", (
+        ("run_id", "LowCardinality(String)"), ("assignment_id", "String"), ("step", "Int64"),
+        ("group_ids", "Array(String)"), ("group_versions", "Array(Int64)"), ("final", "Bool"),
+    )),
+    Table("scheduler_journal", "SchedulerObserved and SchedulerCheckpoint (sizes of the large text fields)", (
+        ("run_id", "LowCardinality(String)"), ("seq", "Int64"), ("event_seq", "Int64"), ("num_events", "Int64"),
+        ("source_topic", "LowCardinality(String)"), ("source_partition", "Int32"), ("source_offset", "Int64"),
+        ("input", "String"), ("observations_bytes", "UInt64"), ("config_bytes", "UInt64"),
+        ("state_sha256", "String"), ("state_bytes", "UInt64"),
+    )),
     Table("metrics", "MetricSample", (
         ("service", "LowCardinality(String)"), ("resource_id", "LowCardinality(String)"),
         ("name", "LowCardinality(String)"), ("value", "Float64"), ("labels", "Map(String, String)"),
@@ -160,6 +172,9 @@ TABLES: Final[tuple[Table, ...]] = (
         ("source_topic", "LowCardinality(String)"), ("source_partition", "UInt32"), ("source_offset", "UInt64"),
         ("reason", "String"), ("consumer_group", "LowCardinality(String)"), ("key", "String"),
         ("value_size", "UInt64"), ("value_head_hex", "String"),
+    )),
+    Table("other_events", "events of a type without a table of its own (newer than this sink), as JSON", (
+        ("body", "String"),
     )),
     Table(
         "sink_offsets", "the sink's ledger: next offset per topic partition whose rows are stored",
@@ -333,16 +348,21 @@ def _control(e: ev.PauseRollout | ev.ResumeRollout | ev.LoadWeights | ev.Control
     return [("control_events", {**_CONTROL_BLANK, "resource_id": e.resource_id, **specific})]
 
 
-def _weights(e: ev.WeightsPublished | ev.WeightsLoaded) -> _Rows:
+_WEIGHTS_BLANK: Final[Row] = {
+    "resource_id": "", "uri": "", "sha256": "", "step": -1, "num_bytes": 0, "pause_ms": 0.0, "load_ms": 0.0,
+    "sync_id": "", "resource_ids": [],
+}
+
+
+def _weights(e: ev.WeightsPublished | ev.WeightsLoaded | ev.WeightSyncStarted | ev.WeightSyncCompleted) -> _Rows:
+    specific: Row
     if isinstance(e, ev.WeightsPublished):
-        return [("weights", {
-            "model": e.model, "version": e.version, "resource_id": "", "uri": e.uri, "sha256": e.sha256,
-            "step": e.step, "num_bytes": e.num_bytes, "pause_ms": 0.0, "load_ms": 0.0,
-        })]
-    return [("weights", {
-        "model": e.model, "version": e.version, "resource_id": e.resource_id, "uri": "", "sha256": "",
-        "step": -1, "num_bytes": 0, "pause_ms": e.pause_ms, "load_ms": e.load_ms,
-    })]
+        specific = {"uri": e.uri, "sha256": e.sha256, "step": e.step, "num_bytes": e.num_bytes}
+    elif isinstance(e, ev.WeightsLoaded):
+        specific = {"resource_id": e.resource_id, "pause_ms": e.pause_ms, "load_ms": e.load_ms}
+    else:
+        specific = {"sync_id": e.sync_id, "resource_ids": list(e.resource_ids)}
+    return [("weights", {**_WEIGHTS_BLANK, "model": e.model, "version": e.version, **specific})]
 
 
 def _train(e: ev.TrainStepStarted | ev.TrainStepCompleted) -> _Rows:
@@ -360,6 +380,34 @@ def _train(e: ev.TrainStepStarted | ev.TrainStepCompleted) -> _Rows:
         "staleness_histogram": list(e.staleness_histogram), "trajectory_ids": list(e.trajectory_ids),
         "duration_ms": e.duration_ms,
     })]
+
+
+def _train_data(e: ev.TrainData) -> _Rows:
+    return [("train_data", {
+        "run_id": e.run_id, "assignment_id": e.assignment_id, "step": e.step, "group_ids": list(e.group_ids),
+        "group_versions": list(e.group_versions), "final": e.final,
+    })]
+
+
+def _journal(e: ev.SchedulerObserved | ev.SchedulerCheckpoint) -> _Rows:
+    if isinstance(e, ev.SchedulerObserved):
+        row: Row = {
+            "seq": e.seq, "num_events": e.num_events, "source_topic": e.source_topic,
+            "source_partition": e.source_partition, "source_offset": e.source_offset, "input": e.input,
+            "observations_bytes": len(e.observations.encode()), "config_bytes": 0, "state_sha256": "",
+            "state_bytes": 0,
+        }
+    else:
+        row = {
+            "seq": e.observed_seq, "num_events": 0, "source_topic": "", "source_partition": -1, "source_offset": -1,
+            "input": "", "observations_bytes": 0, "config_bytes": len(e.config.encode()),
+            "state_sha256": e.state_sha256, "state_bytes": len(e.state.encode()),
+        }
+    return [("scheduler_journal", {"run_id": e.run_id, "event_seq": e.event_seq, **row})]
+
+
+def _other(e: ev.Event) -> _Rows:
+    return [("other_events", {"body": json.dumps(describe(e), default=str, separators=(",", ":"))})]
 
 
 def _metric(e: ev.MetricSample) -> _Rows:
@@ -389,16 +437,15 @@ _BUILDERS: Final[dict[type[ev.Event], Callable[[Any], _Rows]]] = {
     ev.Assignment: _scheduler, ev.PauseRollout: _control, ev.ResumeRollout: _control, ev.LoadWeights: _control,
     ev.ControlAck: _control, ev.WeightsPublished: _weights, ev.WeightsLoaded: _weights,
     ev.TrainStepStarted: _train, ev.TrainStepCompleted: _train, ev.MetricSample: _metric,
-    ev.DeadLetter: _dead_letter,
+    ev.DeadLetter: _dead_letter, ev.TrainData: _train_data, ev.SchedulerObserved: _journal,
+    ev.SchedulerCheckpoint: _journal, ev.WeightSyncStarted: _weights, ev.WeightSyncCompleted: _weights,
 }
 
 
 def rows_of(event: ev.Event, topic: str, partition: int, offset: int) -> list[tuple[str, Row]]:
-    """(table, row) pairs for one event read from `topic`/`partition`/`offset`; the first is its main row."""
-    try:
-        builder = _BUILDERS[type(event)]
-    except KeyError:
-        raise AnalyticsError(f"no analytics table for event type {event.event_type}") from None
+    """(table, row) pairs for one event read from `topic`/`partition`/`offset`; the first is its main row.
+    An event type without a table of its own goes to `other_events`, so no valid event is ever refused."""
+    builder = _BUILDERS.get(type(event), _other)
     envelope: Row = {
         "ts": ts_text(event.ts_ms), "event_id": event.event_id, "event_type": event.event_type,
         "producer": event.producer, "correlation_id": event.correlation_id, "topic": topic,

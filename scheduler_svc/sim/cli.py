@@ -24,6 +24,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-generation", type=int, default=None, help="max response (math) or context (agentic)")
     p.add_argument("--train-resources", type=int, default=None, help="engines carrying the train tag")
     p.add_argument("--steps", type=int, default=6)
+    p.add_argument(
+        "--straggler",
+        choices=("wait", "abort"),
+        default="wait",
+        help="strict staleness bound: wait for stragglers, or abort (discard, re-generate) them",
+    )
+    p.add_argument("--max-staleness", type=int, default=None, help="bound of the async pipelines (default 1)")
+    p.add_argument(
+        "--head-only", action="store_true", help="AReaL's head-only bound: stragglers may train with older tokens"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--gantt", default=None, help="write a Gantt chart PNG of device activity here")
     return p
@@ -47,6 +57,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 train_resources=args.train_resources,
                 steps=args.steps,
                 seed=args.seed,
+                straggler=args.straggler,
+                max_staleness=args.max_staleness,
+                strict_staleness=not args.head_only,
                 keep_segments=args.gantt is not None,
             )
             results.append(run_simulation(config))

@@ -14,6 +14,14 @@ device between rollout and training, and re-prefill of every context whose KV ca
 (migration after preemption, new weights under partial rollout). Preempted requests keep their
 tokens (partial rollout); a crashed engine loses the turn it was generating.
 
+Versions are per token, as the trajectory manager records them: every engine generates with the
+version it last loaded, a request paused for a weight sync keeps the tokens it has (old version)
+and continues with the new weights, so a sample that spans a sync reports tokens of several
+versions (`SampleCompleted.token_versions`). Staleness is measured on the trained tokens (mean and
+max lag). A group aborted because it could no longer be trained within the bound (policy
+`straggler="abort"`) has every token it generated counted as waste, and its re-generation draws
+fresh samples for the same prompt.
+
 Model limits, stated so nobody over-reads the numbers: prefill stalls the whole engine (no chunked
 prefill overlap); admission reserves each request's turn length up front (an oracle, where real
 engines admit optimistically and retract); network transfers other than weight sync are free.
@@ -24,7 +32,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -40,6 +48,7 @@ from scheduler_svc.decisions import (
     ResumeRollout,
     SampleCompleted,
     TagTransition,
+    TaskAborted,
     TaskDispatched,
     TrainData,
     TrainStepCompleted,
@@ -101,6 +110,13 @@ class SimConfig:
     switch_s: float = 4.0
     optimizer_s: float = 2.0
     reprefill_on_weight_sync: bool = True
+    #: the staleness bound of the asynchronous pipelines (offpolicy_fill, spatiotemporal); None: 1
+    max_staleness: int | None = None
+    #: False: AReaL's head-only bound (dispatch budget only; stragglers may train with older tokens)
+    strict_staleness: bool = True
+    #: what a strict bound does with a group that would get too old: "wait" for it, or "abort" it
+    straggler: str = "wait"
+    max_regenerations: int = 1
     efficiency: Efficiency = field(default_factory=Efficiency)
     memory_fraction: float = 0.9
     activation_reserve_gb: float = 4.0
@@ -129,6 +145,12 @@ class SimConfig:
                 f"SimConfig.max_running_seqs and microbatches must be >= 1, got "
                 f"{self.max_running_seqs!r}, {self.microbatches!r}"
             )
+        if self.straggler not in ("wait", "abort"):
+            raise ConfigError(f"SimConfig.straggler must be 'wait' or 'abort', got {self.straggler!r}")
+        if self.straggler == "abort" and not self.strict_staleness:
+            raise ConfigError("SimConfig.straggler='abort' needs strict_staleness=True")
+        if self.max_staleness is not None and self.max_staleness < 0:
+            raise ConfigError(f"SimConfig.max_staleness must be >= 0 or None, got {self.max_staleness!r}")
         for name in ("weight_sync_s", "switch_s", "optimizer_s", "failure_detect_s"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"SimConfig.{name} must be >= 0, got {getattr(self, name)!r}")
@@ -157,13 +179,15 @@ class SimConfig:
 
 
 class _Group:
-    __slots__ = ("gid", "position", "specs", "version")
+    __slots__ = ("gid", "position", "seqs", "specs", "token_versions", "version")
 
     def __init__(self, gid: str, position: int, specs: list[SampleSpec], version: int) -> None:
         self.gid = gid
         self.position = position
         self.specs = specs
         self.version = version
+        self.seqs: list[_Seq] = []
+        self.token_versions: Counter[int] = Counter()  # over the completed samples
 
 
 class _Seq:
@@ -172,6 +196,7 @@ class _Seq:
     __slots__ = (
         "cache_epoch",
         "ctx",
+        "dead",
         "generated",
         "group",
         "home",
@@ -179,11 +204,14 @@ class _Seq:
         "k_admit",
         "new_tokens",
         "order",
+        "pend",
+        "pend_total",
         "remaining",
         "reserved",
         "spec",
         "turn",
         "uid",
+        "versions",
     )
 
     def __init__(self, uid: int, group: _Group, index: int, spec: SampleSpec) -> None:
@@ -201,6 +229,10 @@ class _Seq:
         self.k_admit = 0.0
         self.reserved = 0
         self.order = (group.position, index)
+        self.versions: dict[int, int] = {}  # generated tokens per policy version
+        self.pend: dict[int, int] = {}  # tokens of the current residency already attributed (weight syncs)
+        self.pend_total = 0
+        self.dead = False  # its group was aborted
 
 
 class _Device:
@@ -229,6 +261,7 @@ class _Device:
         "stamp",
         "state",
         "totals",
+        "version",
     )
 
     def __init__(self, idx: int, spec: DeviceSpec, perf: DevicePerf, kv_capacity: float) -> None:
@@ -256,6 +289,7 @@ class _Device:
         self.cache_epoch = 0
         self.segments: list[list[Any]] = []
         self.totals: dict[str, float] = {}
+        self.version = 0  # policy version of the weights the engine generates with
 
 
 class _TrainJob:
@@ -277,6 +311,7 @@ class _TrainJob:
 class _StepStats:
     step: int
     lags: list[int] = field(default_factory=list)
+    token_lags: Counter[int] = field(default_factory=Counter)
     tokens: int = 0
     samples: int = 0
 
@@ -291,8 +326,16 @@ class ClusterSim:
         self.workload = workload or workload_preset(
             config.workload, seed=config.seed, max_response=config.max_generation
         )
-        self.policy = pipeline_policy(config.pipeline, sizes["train_resources"], config.microbatches)
-        steps_needed = (config.steps + config.warmup_steps + 4) * sizes["batch"] * 2
+        self.policy = pipeline_policy(
+            config.pipeline,
+            sizes["train_resources"],
+            config.microbatches,
+            max_staleness=config.max_staleness,
+            strict_staleness=config.strict_staleness,
+            straggler=config.straggler,
+            max_regenerations=config.max_regenerations,
+        )
+        steps_needed = (config.steps + config.warmup_steps + 4) * sizes["batch"] * 4
         tasks = [Task(f"task{i:07d}", {}) for i in range(steps_needed)]
         self.scheduler = Scheduler(
             self.policy,
@@ -326,6 +369,9 @@ class ClusterSim:
         self.window_start: float | None = 0.0 if config.warmup_steps == 0 else None
         self.decode_seconds = 0.0  # engine-seconds spent decoding, inside the measured window
         self.batch_seconds = 0.0  # the same, weighted by the number of running sequences
+        self.wasted_tokens = 0  # generated, then discarded by an abort, inside the measured window
+        self.aborted_groups = 0
+        self.dropped_groups = 0
         self._handlers = {
             TaskDispatched: self._on_dispatched,
             PauseRollout: self._on_pause,
@@ -335,6 +381,7 @@ class ClusterSim:
             TrainData: self._on_train_data,
             Preemption: self._on_preemption,
             TagTransition: self._on_tag,
+            TaskAborted: self._on_aborted,
         }
 
     # ------------------------------------------------------------------------------------ setup
@@ -593,9 +640,39 @@ class ClusterSim:
         seq.ctx += gen
         seq.generated += gen
         seq.remaining -= gen
+        self._attribute(dev, seq, gen)
         if not dev.running:
             dev.C = 0.0
             dev.reserved = 0
+
+    @staticmethod
+    def _attribute(dev: _Device, seq: _Seq, gen: int) -> None:
+        """Book the `gen` tokens a residency kept: those counted at a weight sync under the version
+        they were generated with, the rest under the engine's current one. (Fewer kept than counted
+        only when a crash loses the turn: the oldest are kept, which never flatters staleness.)"""
+        versions = seq.versions
+        keep = gen
+        if seq.pend_total:
+            for v in sorted(seq.pend):
+                take = min(seq.pend[v], keep)
+                if take:
+                    versions[v] = versions.get(v, 0) + take
+                keep -= take
+            seq.pend.clear()
+            seq.pend_total = 0
+        if keep > 0:
+            versions[dev.version] = versions.get(dev.version, 0) + keep
+
+    def _book_before_swap(self, dev: _Device) -> None:
+        """The engine is about to swap weights under its running requests (partial rollout): the
+        tokens they generated so far carry the version being replaced."""
+        self._advance(dev)
+        for seq in dev.running.values():
+            done = min(round(dev.K - seq.k_admit), seq.remaining)
+            n = done - seq.pend_total
+            if n > 0:
+                seq.pend[dev.version] = seq.pend.get(dev.version, 0) + n
+                seq.pend_total += n
 
     def _ev_device(self, idx: int, epoch: int) -> None:
         dev = self.devices[idx]
@@ -622,12 +699,16 @@ class ClusterSim:
         turn = turns[seq.turn]
         seq.turn += 1
         if seq.turn >= len(turns):
-            self._observe(SampleCompleted(self.now, seq.group.gid, seq.index, seq.generated))
+            seq.group.token_versions.update(seq.versions)
+            versions = tuple(sorted(seq.versions.items()))
+            self._observe(SampleCompleted(self.now, seq.group.gid, seq.index, seq.generated, versions))
             return
         seq.remaining = turns[seq.turn].gen_tokens
         self._push(self.now + turn.tool_s, E_TOOL, seq, turn.obs_tokens)
 
     def _ev_tool(self, seq: _Seq, obs_tokens: int) -> None:
+        if seq.dead:
+            return
         seq.ctx += obs_tokens
         seq.new_tokens += obs_tokens
         home = self.devices[seq.home] if seq.home >= 0 else None
@@ -658,11 +739,52 @@ class ClusterSim:
     # ------------------------------------------------------------------------------------ decisions
 
     def _on_dispatched(self, d: TaskDispatched) -> None:
-        specs = [self.workload.sample(d.position, i) for i in range(d.n_samples)]
+        # a re-generation samples the same prompt again: fresh responses, not the aborted ones
+        salt = d.attempt * d.n_samples
+        specs = [self.workload.sample(d.position, salt + i) for i in range(d.n_samples)]
         group = _Group(d.group_id, d.position, specs, d.policy_version)
         self.groups[d.group_id] = group
         for i, spec in enumerate(specs):
-            self._route(_Seq(next(self._uid), group, i, spec))
+            seq = _Seq(next(self._uid), group, i, spec)
+            group.seqs.append(seq)
+            self._route(seq)
+
+    def _on_aborted(self, d: TaskAborted) -> None:
+        """The group is past the staleness bound: cancel its sessions wherever they are (running,
+        queued, in a tool call) and discard everything it generated."""
+        group = self.groups.pop(d.group_id, None)
+        if group is None:
+            return
+        self.aborted_groups += 1
+        self.dropped_groups += not d.regenerate
+        wasted = 0
+        touched: set[int] = set()
+        for seq in group.seqs:
+            seq.dead = True
+            if seq.home >= 0:
+                dev = self.devices[seq.home]
+                if seq.uid in dev.running:
+                    self._advance(dev)
+                    self._leave(dev, seq, dev.K - seq.k_admit)
+                    touched.add(dev.idx)
+            wasted += seq.generated
+        if self.window_start is not None and self.now >= self.window_start:
+            self.wasted_tokens += wasted
+        for dev in self.devices:
+            if dev.idx in touched:
+                dev.heap = [e for e in dev.heap if not e[2].dead]
+                heapq.heapify(dev.heap)
+            if any(e[2].dead for e in dev.local):
+                dev.local = [e for e in dev.local if not e[2].dead]
+                heapq.heapify(dev.local)
+                touched.add(dev.idx)
+        if any(e[2].dead for e in self.global_queue):
+            self.global_queue = [e for e in self.global_queue if not e[2].dead]
+            heapq.heapify(self.global_queue)
+        for idx in sorted(touched):
+            dev = self.devices[idx]
+            self.dirty.add(idx)
+            self._fill(dev)
 
     def _device(self, rid: str) -> _Device | None:
         dev = self.by_rid[rid]
@@ -676,6 +798,7 @@ class ClusterSim:
             self._abort(dev)
         elif dev.mode == M_ROLLOUT:
             self._set_mode(dev, M_PAUSED, "weight_sync")
+            self._book_before_swap(dev)
 
     def _on_load(self, d: LoadWeights) -> None:
         dev = self._device(d.resource_id)
@@ -684,6 +807,8 @@ class ClusterSim:
         seconds = self.config.weight_sync_s + (self.config.switch_s if dev.role == "train" else 0.0)
         if dev.mode != M_PAUSED:
             self._set_mode(dev, M_LOADING, "weight_sync")
+        self._book_before_swap(dev)
+        dev.version = d.version  # what it generates with once it resumes
         dev.role = "rollout"
         dev.cache_epoch += 1
         self._push(self.now + seconds, E_LOADED, dev.idx, d.version)
@@ -741,9 +866,11 @@ class ClusterSim:
         if stats is not None:
             stats.lags.extend(d.step - v for v in d.group_versions)
             for gid in d.group_ids:
-                specs = self.groups[gid].specs
-                stats.samples += len(specs)
-                stats.tokens += sum(s.generated_tokens for s in specs)
+                group = self.groups[gid]
+                stats.samples += len(group.specs)
+                stats.tokens += sum(s.generated_tokens for s in group.specs)
+                for v, n in group.token_versions.items():  # the engines' record, not the core's
+                    stats.token_lags[d.step - v] += n
         job = self.job
         if job is None or job.aid != d.assignment_id:
             return
@@ -860,6 +987,10 @@ class ClusterSim:
         tokens = sum(s.tokens for s in measured)
         samples = sum(s.samples for s in measured)
         lags = [lag for s in measured for lag in s.lags]
+        token_lags: Counter[int] = Counter()
+        for s in measured:
+            token_lags.update(s.token_lags)
+        trained_tokens = sum(token_lags.values())
         totals = dict.fromkeys(ALL_STATES, 0.0)
         for dev in self.devices:
             for s0, s1, state in dev.segments:
@@ -884,6 +1015,11 @@ class ClusterSim:
             overhead=sum(share[s] for s in OVERHEAD_STATES),
             mean_staleness=sum(lags) / len(lags) if lags else 0.0,
             max_staleness=max(lags) if lags else 0,
+            mean_token_staleness=sum(lag * n for lag, n in token_lags.items()) / trained_tokens if trained_tokens else 0.0,
+            max_token_staleness=max((lag for lag, n in token_lags.items() if n), default=0),
+            waste=self.wasted_tokens / (tokens + self.wasted_tokens) if tokens + self.wasted_tokens else 0.0,
+            aborted_groups=self.aborted_groups,
+            dropped_groups=self.dropped_groups,
             mean_step_s=window / max(len(measured), 1),
             mean_decode_batch=self.batch_seconds / self.decode_seconds if self.decode_seconds else 0.0,
             samples_per_step=samples / max(len(measured), 1),

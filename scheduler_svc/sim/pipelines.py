@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from scheduler_svc.errors import ConfigError
 from scheduler_svc.policies import TagPolicy, colocated, disaggregated, spatiotemporal
 
@@ -22,15 +24,32 @@ DESCRIPTIONS: dict[str, str] = {
 }
 
 
-def pipeline_policy(name: str, train_resources: int, microbatches: int) -> TagPolicy:
+def pipeline_policy(
+    name: str,
+    train_resources: int,
+    microbatches: int,
+    *,
+    max_staleness: int | None = None,
+    strict_staleness: bool = True,
+    straggler: str = "wait",
+    max_regenerations: int = 1,
+) -> TagPolicy:
+    """The pipeline's tag policy. The staleness knobs apply to every pipeline alike; for the
+    synchronous ones (bound 0, batch dispatched whole) they change nothing. `max_staleness`
+    overrides the asynchronous pipelines' bound (1)."""
+    eta = 1 if max_staleness is None else max_staleness
     if name == "colocated_sync":
-        return colocated(max_staleness=0)
-    if name == "disaggregated_naive":
-        return disaggregated(train_resources, max_staleness=0)
-    if name == "microbatch":
-        return disaggregated(train_resources, max_staleness=0, train_microbatches=microbatches)
-    if name == "offpolicy_fill":
-        return disaggregated(train_resources, max_staleness=1, train_microbatches=microbatches)
-    if name == "spatiotemporal":
-        return spatiotemporal(train_resources, max_staleness=1)
-    raise ConfigError(f"unknown pipeline {name!r}; choose from {PIPELINES}")
+        policy = colocated(max_staleness=0)
+    elif name == "disaggregated_naive":
+        policy = disaggregated(train_resources, max_staleness=0)
+    elif name == "microbatch":
+        policy = disaggregated(train_resources, max_staleness=0, train_microbatches=microbatches)
+    elif name == "offpolicy_fill":
+        policy = disaggregated(train_resources, max_staleness=eta, train_microbatches=microbatches)
+    elif name == "spatiotemporal":
+        policy = spatiotemporal(train_resources, max_staleness=eta)
+    else:
+        raise ConfigError(f"unknown pipeline {name!r}; choose from {PIPELINES}")
+    return replace(
+        policy, strict_staleness=strict_staleness, straggler=straggler, max_regenerations=max_regenerations
+    )

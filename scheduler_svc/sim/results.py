@@ -52,6 +52,14 @@ class SimResult:
     events: int
     wall_clock_s: float
     sim_time_s: float
+    #: lag of the trained tokens (step - version that generated each token), token-weighted mean and max;
+    #: mean/max_staleness above are per trained group, by its oldest token
+    mean_token_staleness: float = 0.0
+    max_token_staleness: int = 0
+    #: share of the generated tokens that were discarded (groups aborted past the staleness bound)
+    waste: float = 0.0
+    aborted_groups: int = 0
+    dropped_groups: int = 0
     settings: dict[str, Any] = field(default_factory=dict)
     segments: list[list[Segment]] = field(default_factory=list, repr=False)
     device_names: list[str] = field(default_factory=list, repr=False)
@@ -65,6 +73,9 @@ class SimResult:
             "bubble": self.bubble,
             "overhead": self.overhead,
             "staleness": self.mean_staleness,
+            "token_staleness": self.mean_token_staleness,
+            "max_token_staleness": self.max_token_staleness,
+            "waste": self.waste,
             "step_s": self.mean_step_s,
             "decode_batch": self.mean_decode_batch,
         }
@@ -73,14 +84,14 @@ class SimResult:
 def format_table(results: Sequence[SimResult]) -> str:
     header = (
         f"{'pipeline':<20} {'tokens/s':>10} {'samples/s':>10} {'util':>6} {'bubble':>7} "
-        f"{'overhd':>7} {'stale':>6} {'step s':>7} {'batch':>6}"
+        f"{'overhd':>7} {'waste':>6} {'tok-stale':>9} {'max':>3} {'step s':>7} {'batch':>6}"
     )
     lines = [header, "-" * len(header)]
     for r in results:
         lines.append(
             f"{r.pipeline:<20} {r.tokens_per_s:>10.0f} {r.samples_per_s:>10.2f} {r.utilisation:>6.1%} "
-            f"{r.bubble:>7.1%} {r.overhead:>7.1%} {r.mean_staleness:>6.2f} {r.mean_step_s:>7.1f} "
-            f"{r.mean_decode_batch:>6.1f}"
+            f"{r.bubble:>7.1%} {r.overhead:>7.1%} {r.waste:>6.1%} {r.mean_token_staleness:>9.2f} "
+            f"{r.max_token_staleness:>3} {r.mean_step_s:>7.1f} {r.mean_decode_batch:>6.1f}"
         )
     return "\n".join(lines)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
@@ -187,7 +188,7 @@ def test_session_cache_is_lru_with_ttl() -> None:
     cache = SessionCache(2, ttl_s=10.0, clock=lambda: now[0],
                          on_evict=lambda s, why: evicted.append((s.session_id, why)))
     for sid in ("a", "b"):
-        cache.get_or_create(sid, lambda sid=sid: SessionState(sid, "agent"))
+        cache.get_or_create(sid, functools.partial(SessionState, sid, "agent"))
     assert cache.get("a") is not None  # a is now the most recent
     cache.get_or_create("c", lambda: SessionState("c", "agent"))
     assert evicted == [("b", "lru")] and cache.get("b") is None

@@ -12,6 +12,7 @@ from infra.analytics.sink import AnalyticsWriter
 from infra.analytics.store import AnalyticsStore
 from schemas import events as ev
 from schemas.events import TagKind
+from schemas.packed import Float32s, Int32s
 
 T0 = 1_700_000_040_000  # a whole minute (ms), so 30 s and 60 s buckets start here
 _offsets: dict[tuple[str, int], itertools.count[int]] = {}
@@ -48,10 +49,10 @@ def llm_call(session: str, agent: str, segments: Sequence[ev.Segment], drift: bo
     versions = [s.weight_version for s in segments for _ in range(s.num_tokens)]
     return ev.LLMCall(
         call_id=kw.pop("call_id", f"call-{next(_calls)}"), session_id=session, agent_id=agent,
-        model="m", turn=0, prompt_ids=list(range(prompt)), output_ids=list(range(n)),
-        output_logprobs=[-0.5] * n, output_versions=versions, finish_reason=segments[-1].finish_reason,
-        segments=tuple(segments), request_ms=ts_ms - 1000, completed_ms=ts_ms, drift=drift, ts_ms=ts_ms,
-        correlation_id=session, **kw,
+        model="m", turn=0, prompt_ids=Int32s(range(prompt)), output_ids=Int32s(range(n)),
+        output_logprobs=Float32s([-0.5] * n), output_versions=Int32s(versions),
+        finish_reason=segments[-1].finish_reason, segments=tuple(segments), request_ms=ts_ms - 1000,
+        completed_ms=ts_ms, drift=drift, ts_ms=ts_ms, correlation_id=session, **kw,
     )
 
 

@@ -194,13 +194,16 @@ class StoreContract(ABC):
             ev.WeightsLoaded(model="m", resource_id="r0", version=3, pause_ms=40.0, load_ms=30.0, ts_ms=T0 + 100),
             ev.WeightsLoaded(model="m", resource_id="r1", version=3, pause_ms=60.0, load_ms=50.0, ts_ms=T0 + 250),
             ev.WeightsPublished(model="m", version=4, uri="file:///w4", sha256="y", step=3, ts_ms=T0 + 5000),
+            ev.WeightSyncStarted(model="m", sync_id="s3", version=3, resource_ids=("r0", "r1"), ts_ms=T0 + 20),
+            ev.WeightSyncCompleted(model="m", sync_id="s3", version=3, resource_ids=("r0", "r1"), ts_ms=T0 + 270),
         ])
         rows = CANNED["weight-sync"].run(store).dicts()
         assert [(r["version"], r["loads"]) for r in rows] == [(3, 2), (4, 0)]
         v3 = rows[0]
         assert (v3["mean_pause_ms"], v3["p50_pause_ms"], v3["max_pause_ms"], v3["mean_load_ms"]) == (50, 50, 60, 40)
-        assert v3["publish_to_last_load_ms"] == 250
-        assert rows[1]["mean_pause_ms"] is None and rows[1]["published"] == "2023-11-14 22:14:05.000"
+        assert (v3["publish_to_last_load_ms"], v3["sync_ms"]) == (250, 250)
+        assert rows[1]["mean_pause_ms"] is None and rows[1]["sync_ms"] is None
+        assert rows[1]["published_at"] == "2023-11-14 22:14:05.000"
 
     def test_staleness_from_train_step_histograms(self, store: AnalyticsStore) -> None:
         ingest(store, [train_completed(1, 2, [5, 3]), train_completed(2, 3, [1, 1, 2])])

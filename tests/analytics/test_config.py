@@ -39,7 +39,7 @@ def test_defaults_read_every_catalog_topic_into_chdb(tmp_path: Path) -> None:
 ])
 def test_bad_values_are_refused_naming_field_and_value(tmp_path: Path, field: str, value: object, shown: str) -> None:
     with pytest.raises(ValidationError) as info:
-        AnalyticsConfig(data_dir=tmp_path, **{field: value})
+        AnalyticsConfig.model_validate({"data_dir": tmp_path, field: value})
     assert field in str(info.value) and shown in str(info.value)
 
 

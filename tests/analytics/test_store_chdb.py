@@ -20,3 +20,10 @@ class TestChdbStore(StoreContract):
         assert isinstance(store, ChdbStore)
         store.close()
         return ChdbStore(store.path, database=store.database, create=False)
+
+
+def test_fsync_inserts_are_a_table_setting(tmp_path: Path) -> None:
+    with ChdbStore(tmp_path / "chdb", fsync=True) as store:
+        ddl = store.query("SHOW CREATE TABLE {db}.llm_calls").scalar()
+        assert "fsync_after_insert = 1" in ddl
+        assert store.insert("metrics", []) == 0

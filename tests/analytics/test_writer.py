@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,7 +13,7 @@ import pytest
 
 from infra.analytics.errors import RowError
 from infra.analytics.sink import AnalyticsWriter
-from infra.analytics.store import ChdbStore
+from infra.analytics.store import ChdbStore, TopicPartition
 from schemas import events as ev
 from tests.analytics.analytics_helpers import received
 from tests.factories import example
@@ -75,7 +75,7 @@ def test_restart_after_rows_but_before_ledger_rewrites_and_final_collapses(store
     class Killed(Exception):
         at: str
 
-    def die(*_: object) -> None:
+    def die(offsets: Mapping[TopicPartition, int], now_ms: int) -> None:
         raise Killed("ledger")
 
     crashing = AnalyticsWriter(store)
@@ -108,21 +108,29 @@ def test_a_ledger_from_a_recreated_topic_is_ignored(store: ChdbStore, caplog: py
 
 
 def test_an_event_that_cannot_become_rows_raises_and_its_offset_still_counts(store: ChdbStore) -> None:
-    @dataclasses.dataclass(frozen=True, kw_only=True)
-    class Unknown(ev.Event):
-        pass
-
     writer = AnalyticsWriter(store)
-    good = sessions(1)[0]
-    writer.add(received(good, offset=0))
-    poison = received(good, offset=1)
-    poison = dataclasses.replace(poison, event=Unknown())
-    with pytest.raises(RowError, match="Unknown"):
-        writer.add(poison)
+    writer.add(received(sessions(1)[0], offset=0))
+    broken = example(ev.LLMCall, 1)
+    object.__setattr__(broken, "segments", None)  # what a decoder bug would hand over
+    with pytest.raises(RowError, match="LLMCall"):
+        writer.add(received(broken, offset=1))
     handled = writer.flush()
     assert [r.offset for r in handled] == [0, 1]
     assert writer.stats.dead_lettered == 1
-    assert store.stored_offsets() == {("sf.sessions", 0): 2}
+    assert store.stored_offsets() == {("sf.sessions", 0): 1, ("sf.llm.calls", 0): 2}
+
+
+def test_an_event_type_without_a_table_is_kept_as_json(store: ChdbStore) -> None:
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class FutureEvent(ev.Event):
+        answer: int = 42
+
+    writer = AnalyticsWriter(store)
+    future = FutureEvent(correlation_id="c")
+    writer.add(dataclasses.replace(received(sessions(1)[0], offset=0), event=future))
+    writer.flush()
+    row = store.query("SELECT event_type, body FROM {db}.other_events FINAL").rows
+    assert row[0][0] == "FutureEvent" and '"answer":42' in row[0][1]
 
 
 def test_llm_call_with_segments_writes_into_two_tables(store: ChdbStore) -> None:

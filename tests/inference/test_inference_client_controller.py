@@ -182,3 +182,20 @@ def test_generate_payload_uses_sglang_field_names() -> None:
         "sampling_params": {"max_new_tokens": 8, "temperature": 0.5, "sampling_seed": 3},
         "return_logprob": True,
     }
+
+
+def test_a_caller_that_hangs_up_frees_its_slot(served: tuple[str, NativeEngine]) -> None:
+    base_url, engine = served
+
+    async def hang_up() -> None:
+        async with InferenceClient(base_url, timeout_s=0.3) as client:
+            with pytest.raises(InferenceHTTPError):
+                await client.generate([1, 2, 3], sampling(1, 500), rid="gone")
+
+    engine.pause("in_place")  # keeps the request queued, so it cannot finish before the caller leaves
+    asyncio.run(hang_up())
+    deadline = time.monotonic() + 10
+    while any(s.rid == "gone" for s in engine.snapshot()):
+        assert time.monotonic() < deadline, "the request of a disconnected caller kept its slot"
+        time.sleep(0.05)
+    engine.resume()

@@ -407,14 +407,13 @@ def test_sigkilled_workers_lose_no_session_and_dedupe_leaves_each_trajectory_onc
     event ids sees every session's trajectory exactly once, with the core's nodes."""
     n = 40
     sessions = {f"s{i:02d}": session(f"s{i:02d}", f"g{i // 4}", turns=3 + i % 3, n_samples=4) for i in range(n)}
-    # interleave: every session is open for a while, many are open at each kill
+    # interleave: session i starts at round i % 8; all are open for most of the stream
     stream: list[Event] = []
-    for k in range(max(map(len, sessions.values()))):
+    for k in range(max(map(len, sessions.values())) + 8):
         for i, events in enumerate(sessions.values()):
-            j = k - (i % 8)
-            if 0 <= j < len(events):
-                stream.append(events[j])
-    stream += [e for events in sessions.values() for e in events if e not in stream]
+            if 0 <= k - i % 8 < len(events):
+                stream.append(events[k - i % 8])
+    assert len(stream) == sum(map(len, sessions.values()))
     worker = worker_factory(**{"commit-interval-s": 1.0}).start()
     worker.wait_ready()
     progress = [0]
@@ -471,6 +470,18 @@ def test_sigkilled_workers_lose_no_session_and_dedupe_leaves_each_trajectory_onc
         restarted.set()
         feeder.join()
         consumer.close()
+    if set(consumed) != set(sessions):  # DEBUG
+        missing = set(sessions) - set(consumed)
+        for part, k, v in read_raw(bus_config, bus_config.topic(f"{APP}-sessions-changelog")):
+            key = TableKey.from_bytes(k)
+            if key.entity in missing:
+                print("CHANGELOG", part, key, None if v is None else len(v))
+        for r in replay(bus_config, ["llm.calls", "sessions"]).events:
+            if getattr(r.event, "session_id", None) in missing:
+                print("INPUT", r.topic, r.partition, r.offset, r.timestamp_ms, type(r.event).__name__,
+                      getattr(r.event, "call_id", ""))
+        for r in replay(bus_config, ["trajectory-processor-ticks"]).events[:0]:
+            pass
     assert set(consumed) == set(sessions), worker.tail()
     assert all(count == 1 for count in consumed.values())
     assert all(len(raw) == 1 for raw in copies.values())  # redelivered copies are byte-identical

@@ -4,6 +4,7 @@ observation at a time, so tests can walk the state machine step by step or at ra
 from __future__ import annotations
 
 import random
+from collections import Counter
 from collections.abc import Sequence
 
 import pytest
@@ -18,6 +19,7 @@ from scheduler_svc.decisions import (
     ResourceLost,
     ResourceRegistered,
     SampleCompleted,
+    TaskAborted,
     TaskDispatched,
     Tick,
     TrainData,
@@ -41,6 +43,9 @@ class World:
         self.scheduler = scheduler
         self.t = 0.0
         self.inflight: dict[str, set[int]] = {}  # group -> sample indices still rolling out
+        self.dispatched_at: dict[str, int] = {}  # group -> version it was dispatched under
+        self.reported: dict[str, Counter[int]] = {}  # group -> tokens per version, as reported
+        self.aborted: list[TaskAborted] = []
         self.loads: dict[str, int] = {}  # resource -> version it was told to load
         self.train: Assignment | None = None
         self.train_final = False
@@ -60,6 +65,11 @@ class World:
     def _track(self, d: Decision) -> None:
         if isinstance(d, TaskDispatched):
             self.inflight[d.group_id] = set(range(d.n_samples))
+            self.dispatched_at[d.group_id] = d.policy_version
+            self.reported[d.group_id] = Counter()
+        elif isinstance(d, TaskAborted):
+            self.inflight.pop(d.group_id, None)  # the adapter cancels its sessions
+            self.aborted.append(d)
         elif isinstance(d, LoadWeights):
             self.loads[d.resource_id] = d.version
         elif isinstance(d, Assignment) and d.task_kind == TRAIN:
@@ -84,13 +94,32 @@ class World:
         for i, kind in enumerate(kinds):
             self.register(f"r{i}", kind)
 
-    def complete_sample(self, group_id: str, index: int | None = None, tokens: int = 10) -> list[Decision]:
+    def complete_sample(
+        self,
+        group_id: str,
+        index: int | None = None,
+        tokens: int = 10,
+        versions: Sequence[tuple[int, int]] | None = None,
+    ) -> list[Decision]:
+        """`versions`: the sample's tokens per policy version (partial rollout); default: all at the
+        dispatch version, reported explicitly."""
         remaining = self.inflight[group_id]
         idx = min(remaining) if index is None else index
         remaining.discard(idx)
         if not remaining:
             del self.inflight[group_id]
-        return self.observe(SampleCompleted(self.t, group_id, idx, tokens))
+        if versions is None:
+            versions = [(self.dispatched_at[group_id], tokens)]
+        for v, n in versions:
+            self.reported[group_id][v] += n
+        tokens = sum(n for _, n in versions)
+        return self.observe(SampleCompleted(self.t, group_id, idx, tokens, tuple(versions)))
+
+    def partial_rollout_versions(self, group_id: str, rng: random.Random) -> list[tuple[int, int]]:
+        """Token versions of a sample that started at some version >= its group's dispatch version
+        (it may have waited in a queue across a sync) and spanned every sync since then."""
+        first = rng.randint(self.dispatched_at[group_id], self.scheduler.version)
+        return [(v, rng.randint(0, 20)) for v in range(first, self.scheduler.version + 1)]
 
     def complete_group(self, group_id: str) -> list[Decision]:
         out: list[Decision] = []
@@ -102,7 +131,9 @@ class World:
         if not self.inflight:
             return []
         gid = rng.choice(sorted(self.inflight))
-        return self.complete_sample(gid, rng.choice(sorted(self.inflight[gid])))
+        return self.complete_sample(
+            gid, rng.choice(sorted(self.inflight[gid])), versions=self.partial_rollout_versions(gid, rng)
+        )
 
     def finish_train(self) -> list[Decision]:
         a = self.train

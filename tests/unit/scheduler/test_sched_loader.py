@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scheduler_svc.decisions import SampleCompleted, TaskCompleted, TaskDispatched
+from scheduler_svc.decisions import SampleCompleted, TaskAborted, TaskCompleted, TaskDispatched
 from scheduler_svc.errors import LoaderError, ReplayError
 from scheduler_svc.loader import StreamingDataLoader, Task, TaskDataset
 from scheduler_svc.policies import colocated, spatiotemporal
@@ -122,3 +122,55 @@ def test_no_task_is_lost_or_repeated_across_a_restart(world_factory, seed, crash
     assert sorted(dispatched) == sorted(f"t{i}" for i in range(30))
     assert sorted(completed) == sorted(dispatched)
     assert rebuilt.loader.completed_total == 30
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**32 - 1), crash_after=st.integers(0, 300), regenerations=st.integers(0, 2))
+def test_with_aborts_every_task_is_completed_once_or_dropped_across_a_restart(
+    world_factory, seed, crash_after, regenerations
+) -> None:
+    """Abort mode: a straggler's task is re-generated (a new group id, attempt + 1) up to
+    `max_regenerations` times, then dropped. Across a crash and rebuild, each task ends completed
+    exactly once or dropped, never both, and is never dispatched more often than allowed."""
+    from dataclasses import replace
+
+    policy = replace(spatiotemporal(1, straggler="abort"), max_regenerations=regenerations)
+    world = world_factory(policy, batch=2, samples=2, inflight_per_resource=4, tasks=30)
+    world.register_all(["H800", "H800", "H20"])
+    rng = random.Random(seed)
+    _run_until(world, rng, crash_after)
+    old = world.scheduler
+    rebuilt = Scheduler.from_log(old.policy, old.settings, old.loader.tasks, list(old.log))
+    assert rebuilt.snapshot() == old.snapshot()
+    world.scheduler = rebuilt
+    for _ in range(5000):
+        if rebuilt.loader.exhausted() and not world.inflight and world.train is None:
+            break
+        world.advance(1.0)
+        if not world.finish_train() and not world.ack_load():
+            world.complete_random_sample(rng)
+    world.finish_train()
+    log = rebuilt.log
+    completed = [d.task_id for d in log if isinstance(d, TaskCompleted)]
+    dropped = [d.task_id for d in log if isinstance(d, TaskAborted) and not d.regenerate]
+    attempts = [(d.task_id, d.attempt) for d in log if isinstance(d, TaskDispatched)]
+    assert len(completed) == len(set(completed)) and not set(completed) & set(dropped)
+    assert sorted(completed + dropped) == sorted(f"t{i}" for i in range(30))
+    assert len(attempts) == len(set(attempts)) and max(a for _, a in attempts) <= regenerations
+    assert rebuilt.loader.dropped_total == len(dropped)
+
+
+def test_a_re_dispatch_of_a_task_that_was_never_aborted_is_rejected() -> None:
+    loader = StreamingDataLoader([Task("a", {}), Task("b", {})], samples_per_task=1)
+    first, _ = loader.plan_dispatch(2, 0)
+    loader.apply(first)
+    with pytest.raises(ReplayError, match="not aborted"):
+        loader.apply(TaskDispatched("a", "a@0#r1", 1, {}, 0, position=0, attempt=1))
+    (abort,) = loader.plan_abort([loader.groups["a@0"]], "staleness_bound", max_regenerations=1)
+    loader.apply(abort)
+    assert not loader.exhausted() and loader.remaining() == 2
+    retry, fresh = loader.plan_dispatch(5, 1)
+    assert (retry.group_id, retry.attempt, fresh.group_id) == ("a@0#r1", 1, "b@0")
+    loader.apply(retry)
+    with pytest.raises(ReplayError, match="dispatched twice"):
+        loader.apply(TaskDispatched("a", "a@0", 1, {}, 0, position=0))

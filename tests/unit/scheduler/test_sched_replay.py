@@ -17,8 +17,8 @@ pytestmark = pytest.mark.unit
 
 @pytest.mark.parametrize(
     "policy",
-    [colocated(), disaggregated(1, train_microbatches=2), spatiotemporal(2)],
-    ids=lambda p: f"{p.name}-mb{p.train_microbatches}",
+    [colocated(), disaggregated(1, train_microbatches=2), spatiotemporal(2), spatiotemporal(2, straggler="abort")],
+    ids=lambda p: f"{p.name}-mb{p.train_microbatches}-{p.straggler}",
 )
 def test_rebuilt_scheduler_equals_the_original_at_every_point(world_factory, policy) -> None:
     world = world_factory(policy, batch=2, samples=2, inflight_per_resource=4, heartbeat_timeout_s=50.0)

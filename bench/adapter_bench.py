@@ -1,0 +1,220 @@
+"""Capture proxy overhead: latency added to an LLM call, and 1,000 concurrent sessions held.
+
+Starts, on 127.0.0.1 free ports: a one-broker Kafka (KRaft) unless --bootstrap is given, the native
+engine (`python -m inference_svc`, default model) and the proxy (`python -m agents_adapter`), each its
+own process. Then, in one run:
+
+  1. latency: `--sessions` (64) concurrent multi-turn sessions, each `--turns` requests with
+     max_new_tokens=1 (so the engine's share is one prefill + one token), first straight to the engine's
+     /generate with the prompt ids the chat template gives, then through the proxy's
+     /v1/chat/completions with the same conversations (template, token-in/token-out cache, routing, the
+     engine call, recording in Kafka with acks=all, the OpenAI response). Same client (httpx) for both.
+     The added latency is proxy p50 - direct p50 (and p99); everything shares the machine's cores.
+  2. capacity: `--open-sessions` (1,000) sessions, all in flight at once, two turns each; errors are
+     counted and the proxy's resident memory (RSS) is reported before and after.
+
+    .venv/bin/python bench/adapter_bench.py [--sessions 64] [--turns 8] [--open-sessions 1000]
+
+Final line: `ratio proxy/direct p50 latency: X.XXx`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from agents_adapter.tito import ChatCodec  # noqa: E402
+from bus.admin import ensure_topics  # noqa: E402
+from bus.config import BusConfig  # noqa: E402
+from inference_svc.default_model import create_default_model  # noqa: E402
+from infra.kafka.cluster import KafkaCluster, free_base_port  # noqa: E402
+
+KEY = "bench-key"
+ADMIN = "bench-admin"
+WORDS = ("alpha", "beta", "gamma", "delta", "sum", "of", "twelve", "and", "seven", "please", "compute", "then")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    handle = log.open("wb")
+    return subprocess.Popen([sys.executable, *args], cwd=REPO, env={**os.environ, **env}, stdout=handle,
+                            stderr=subprocess.STDOUT)
+
+
+def wait_http(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 180.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"{url} exited: {log.read_text()[-2000:]}")
+        try:
+            if httpx.get(url, timeout=1.0).status_code < 500:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise SystemExit(f"{url} did not come up; see {log}")
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def conversation(rng: random.Random, turns: int) -> list[list[dict[str, str]]]:
+    """The message lists of one session's turns (the assistant replies are filled in as they come)."""
+    return [[{"role": "user", "content": " ".join(rng.choices(WORDS, k=rng.randint(4, 12)))}] for _ in range(turns)]
+
+
+async def run_sessions(count: int, turn: Callable[[int, int, list[dict[str, Any]]], Awaitable[str]],
+                       turns: int, seed: int) -> tuple[list[float], int]:
+    """`count` concurrent sessions of `turns` sequential requests; latencies (ms) and error count."""
+    latencies: list[float] = []
+    errors = 0
+
+    async def session(i: int) -> None:
+        nonlocal errors
+        rng = random.Random(seed * 100_003 + i)
+        messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a calculator agent."}]
+        for t, new in enumerate(conversation(rng, turns)):
+            messages += new
+            started = time.perf_counter()
+            try:
+                reply = await turn(i, t, messages)
+            except (httpx.HTTPError, RuntimeError):
+                errors += 1
+                return
+            latencies.append((time.perf_counter() - started) * 1000)
+            messages.append({"role": "assistant", "content": reply})
+
+    await asyncio.gather(*(session(i) for i in range(count)))
+    return latencies, errors
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--sessions", type=int, default=64)
+    parser.add_argument("--turns", type=int, default=8)
+    parser.add_argument("--open-sessions", type=int, default=1000)
+    parser.add_argument("--bootstrap", default="", help="use this Kafka instead of starting one")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="adapter-bench-"))
+    cluster = None
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        if args.bootstrap:
+            bootstrap = args.bootstrap
+        else:
+            cluster = KafkaCluster(work / "kafka", nodes=1, base_port=free_base_port())
+            cluster.start()
+            bootstrap = cluster.bootstrap_servers
+        bus = BusConfig(bootstrap_servers=bootstrap, topic_prefix=f"bench{os.getpid()}.")
+        ensure_topics(bus)
+        model = create_default_model(work / "model")
+        codec = ChatCodec.from_model_dir(model)
+        engine_port, proxy_port = free_port(), free_port()
+        engine_log, proxy_log = work / "engine.log", work / "proxy.log"
+        threads = {"OMP_NUM_THREADS": "1"}
+        procs.append(start(["-m", "inference_svc", "--model-path", str(model), "--port", str(engine_port),
+                            "--max-running-requests", "64", "--num-threads", "1", "--log-level", "warning"],
+                           threads, engine_log))
+        procs.append(start(["-m", "agents_adapter", "--model-path", str(model), "--port", str(proxy_port),
+                            "--endpoint", f"rollout-0=http://127.0.0.1:{engine_port}", "--no-routing-from-events",
+                            "--bootstrap-servers", bootstrap, "--topic-prefix", bus.topic_prefix,
+                            "--session-cache-size", str(max(10_000, 2 * args.open_sessions)),
+                            "--max-engine-connections", "256", "--log-level", "warning"],
+                           threads | {"SFLOW_ADAPTER_API_KEYS": f"bench={KEY}", "SFLOW_ADAPTER_ADMIN_KEY": ADMIN},
+                           proxy_log))
+        engine_url, proxy_url = f"http://127.0.0.1:{engine_port}", f"http://127.0.0.1:{proxy_port}"
+        wait_http(f"{engine_url}/model_info", procs[0], engine_log)
+        wait_http(f"{proxy_url}/health", procs[1], proxy_log)
+        proxy_proc = psutil.Process(procs[1].pid)
+        asyncio.run(measure(args, codec, engine_url, proxy_url, model.name, proxy_proc))
+    finally:
+        for proc in procs:
+            proc.terminate()
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        if cluster is not None:
+            cluster.stop()
+
+
+async def measure(args: argparse.Namespace, codec: ChatCodec, engine_url: str, proxy_url: str, model: str,
+                  proxy_proc: psutil.Process) -> None:
+    limits = httpx.Limits(max_connections=args.open_sessions + 64, max_keepalive_connections=args.open_sessions + 64)
+    async with httpx.AsyncClient(timeout=600.0, limits=limits) as http:
+
+        async def direct(i: int, t: int, messages: list[dict[str, Any]]) -> str:
+            ids = codec.encode(codec.render(messages))
+            body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
+                    "return_logprob": True}
+            response = await http.post(f"{engine_url}/generate", json=body)
+            if response.status_code != 200:
+                raise RuntimeError(response.text)
+            return codec.decode(response.json()["output_ids"])
+
+        def through_proxy(tag: str) -> Callable[[int, int, list[dict[str, Any]]], Awaitable[str]]:
+            async def call(i: int, t: int, messages: list[dict[str, Any]]) -> str:
+                body = {"model": model, "messages": messages, "max_tokens": 1, "temperature": 0.0}
+                headers = {"Authorization": f"Bearer {KEY}", "X-Session-Id": f"{tag}-{i}"}
+                response = await http.post(f"{proxy_url}/v1/chat/completions", json=body, headers=headers)
+                if response.status_code != 200:
+                    raise RuntimeError(response.text)
+                return str(response.json()["choices"][0]["message"]["content"])
+
+            return call
+
+        await run_sessions(8, direct, 2, seed=0)  # warm-up: connections, engine, Kafka producer
+        await run_sessions(8, through_proxy("warm"), 2, seed=0)
+        direct_ms, direct_err = await run_sessions(args.sessions, direct, args.turns, seed=1)
+        proxy_ms, proxy_err = await run_sessions(args.sessions, through_proxy("lat"), args.turns, seed=1)
+        d50, d99, p50, p99 = (percentile(direct_ms, 0.5), percentile(direct_ms, 0.99),
+                              percentile(proxy_ms, 0.5), percentile(proxy_ms, 0.99))
+        print(f"\nlatency, {args.sessions} concurrent sessions x {args.turns} turns, max_new_tokens=1")
+        print(f"{'path':<22}{'calls':>7}{'errors':>8}{'p50 ms':>10}{'p99 ms':>10}{'mean ms':>10}")
+        for name, values, errs in (("engine direct", direct_ms, direct_err), ("through proxy", proxy_ms, proxy_err)):
+            print(f"{name:<22}{len(values):>7}{errs:>8}{percentile(values, 0.5):>10.2f}"
+                  f"{percentile(values, 0.99):>10.2f}{statistics.fmean(values):>10.2f}")
+        print(f"{'added by the proxy':<37}{p50 - d50:>10.2f}{p99 - d99:>10.2f}")
+
+        rss_before = proxy_proc.memory_info().rss
+        started = time.perf_counter()
+        open_ms, open_err = await run_sessions(args.open_sessions, through_proxy("open"), 2, seed=2)
+        elapsed = time.perf_counter() - started
+        rss_after = proxy_proc.memory_info().rss
+        stats = (await http.get(f"{proxy_url}/admin/stats", headers={"Authorization": f"Bearer {ADMIN}"})).json()
+        print(f"\n{args.open_sessions} concurrent sessions x 2 turns (all in flight at once)")
+        print(f"calls served {len(open_ms)}, errors {open_err}, wall {elapsed:.1f} s, "
+              f"p50 {percentile(open_ms, 0.5):.0f} ms, p99 {percentile(open_ms, 0.99):.0f} ms")
+        print(f"proxy sessions cached {stats['sessions']['cached']}, calls recorded {stats['calls_served']}, "
+              f"recording failures {stats['recording']['events_failed']}")
+        print(f"proxy RSS before {rss_before / 2**20:.1f} MiB, after {rss_after / 2**20:.1f} MiB "
+              f"({(rss_after - rss_before) / max(1, args.open_sessions) / 1024:.1f} KiB per session)")
+        print(f"\nratio proxy/direct p50 latency: {p50 / d50:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,507 @@
+"""The deterministic half of the scheduler service: bus events in, journal records and events out.
+
+`JournaledScheduler` wraps the core `Scheduler` with the little state the shell needs (published
+weight versions, sample numbering per group, outstanding LoadWeights commands, journal positions)
+and does everything that decides something, without Kafka:
+
+    input_of(event)            the compact facts of a consumed event (None: not an input)
+    observe(input, source)     derive core observations from the facts, `handle` them, turn every
+                               decision into bus events; returns a `Step`: the SchedulerObserved
+                               journal record and the decision events, in order
+    replay(record)             the same for a recorded journal entry (rebuild), checked against it
+    checkpoint(with_state)     a SchedulerCheckpoint (decision config, counters, optionally the state)
+
+Everything it produces is a function of the journal alone: decision events carry deterministic ids
+(`decision_event_id(run_id, n)` for the n-th decision event of the run) and their `ts_ms` is the time
+of the observation that caused them, so rebuilding from the journal re-creates byte-identical events
+and a re-published copy is recognisable as a duplicate by its id.
+
+Observations from events (t = the event's ts_ms / 1000):
+    ResourceRegistered  -> ResourceRegistered(device from the event's numbers, else the kind's preset;
+                           loaded_version 0: engines start from the initial weights)
+    Heartbeat           -> Heartbeat (only when it advances the recorded one by `coalesce_s`)
+    ResourceLost        -> ResourceDown(reason)        (not the scheduler's own ResourceLost)
+    Trajectory          -> SampleCompleted(group, next sample index, generated tokens by policy version
+                           from its nodes' loss mask and per-token versions); its reward is kept
+    BatchReady          -> SampleCompleted for every sample of the group not reported yet
+    TrainStepCompleted  -> TrainStepCompleted(assignment of the running step, step, new_version), held
+    + WeightsPublished     until the version's WeightsPublished (its uri and sha256) is known
+    WeightsLoaded       -> WeightsLoaded
+    ControlAck          -> of a LoadWeights: ok -> WeightsLoaded; failed -> ResourceDown(load_weights_failed)
+    clock tick          -> Tick (only when a heartbeat or batch timeout may fire)
+Decisions to events (each with `cause` where the event has a field for it):
+    TagTransition -> TagTransition(cause)      Assignment -> Assignment(payload {cause, work, run_id})
+    Preemption    -> one Preemption per member (assignment_id = the preempting assignment or '',
+                     correlation_id = the preempted one, reason = cause)
+    ResourceLost  -> ResourceLost(reason = cause)   PauseRollout / ResumeRollout -> same (reason = cause)
+    LoadWeights   -> LoadWeights(uri, sha256 of the version; correlation_id = sync id)
+    WeightSyncStarted / WeightSyncCompleted -> same events (topic weights)
+    TrainData     -> TrainData(staleness_histogram from token_lags) (topic train)
+    TaskDispatched -> TaskDispatched(payload as JSON, seq = dispatch counter)
+    TaskCompleted -> TaskCompleted(mean reward of its Trajectory events, status 'completed')
+    TaskAborted   -> TaskCompleted(status 'aborted' when re-generated, else 'dropped')
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import uuid
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from scheduler_svc import decisions as core
+from scheduler_svc.errors import ConfigError, ReplayError
+from scheduler_svc.roofline import DEVICE_PRESETS, DeviceSpec
+from scheduler_svc.scheduler import Scheduler
+from schemas import events as ev
+
+log = logging.getLogger(__name__)
+
+#: uuid5 namespace of every id the scheduler derives (fixed forever: ids must survive upgrades).
+NAMESPACE = uuid.UUID("5b1f0c52-3d7e-4f4e-9a57-0c6e2f3d8a11")
+TICK = "tick"
+
+
+def decision_event_id(run_id: str, seq: int) -> str:
+    """Id of the `seq`-th decision event of a run (the same for every copy of it)."""
+    return uuid.uuid5(NAMESPACE, f"{run_id}/event/{seq}").hex
+
+
+def journal_event_id(run_id: str, seq: int) -> str:
+    return uuid.uuid5(NAMESPACE, f"{run_id}/observed/{seq}").hex
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, set | frozenset):
+        return sorted(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+def canonical_json(value: Any) -> str:
+    """Sorted keys, no spaces: equal values give equal text (and digests)."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=_plain)
+
+
+def state_digest(state: Any) -> str:
+    return hashlib.sha256(canonical_json(state).encode("utf-8")).hexdigest()
+
+
+def observation_json(observation: core.Observation) -> dict[str, Any]:
+    fields = {f.name: getattr(observation, f.name) for f in dataclasses.fields(observation)}
+    return {"type": type(observation).__name__, **fields}
+
+
+def _ms(t: float) -> int:
+    return round(t * 1000)
+
+
+def device_of(event: ev.ResourceRegistered) -> DeviceSpec:
+    """The roofline spec of a registering resource: its declared per-device numbers times
+    `num_devices`, or the preset of its device kind when it declared none."""
+    count = max(event.num_devices, 1)
+    if event.peak_flops > 0 and event.hbm_bandwidth > 0 and event.memory_bytes > 0:
+        spec = DeviceSpec(event.device_kind or "unknown", event.peak_flops / 1e12, event.hbm_bandwidth / 1e12,
+                          event.memory_bytes / 1e9)
+    elif event.device_kind in DEVICE_PRESETS:
+        spec = DEVICE_PRESETS[event.device_kind]
+    else:
+        raise ConfigError(
+            f"ResourceRegistered of {event.resource_id!r}: peak_flops={event.peak_flops!r}, hbm_bandwidth="
+            f"{event.hbm_bandwidth!r}, memory_bytes={event.memory_bytes!r} and no preset for device_kind="
+            f"{event.device_kind!r} (presets: {sorted(DEVICE_PRESETS)})"
+        )
+    return spec.scaled(count)
+
+
+def token_versions_of(trajectory: ev.Trajectory) -> list[list[int]]:
+    """[[version, generated tokens], ...] of a trajectory: its loss-masked tokens by policy version."""
+    counts: Counter[int] = Counter()
+    for node in trajectory.nodes:
+        mask = np.asarray(node.loss_mask, dtype=bool)
+        versions = np.asarray(node.versions)
+        if len(mask) != len(versions):
+            continue  # a node without per-token versions
+        values, n = np.unique(versions[mask], return_counts=True)
+        for v, c in zip(values.tolist(), n.tolist(), strict=True):
+            if v >= 0:
+                counts[v] += c
+    return [[v, counts[v]] for v in sorted(counts)]
+
+
+def histogram(pairs: Iterable[tuple[int, int]]) -> tuple[int, ...]:
+    """((index, count), ...) as a dense tuple indexed by `index` (negative indexes dropped)."""
+    counts = {i: n for i, n in pairs if i >= 0}
+    return tuple(counts.get(i, 0) for i in range(max(counts, default=-1) + 1))
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where an input was read: catalog topic, partition, offset (a tick has none)."""
+
+    topic: str = ""
+    partition: int = -1
+    offset: int = -1
+
+    @property
+    def key(self) -> str:
+        return f"{self.topic}:{self.partition}"
+
+
+@dataclass(frozen=True)
+class Step:
+    """One journaled input: its record and the decision events it caused, in decision order."""
+
+    record: ev.SchedulerObserved
+    events: tuple[ev.Event, ...]
+
+
+class JournaledScheduler:
+    """The core plus the shell's own state; every change goes through `observe` (or `replay`)."""
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        *,
+        run_id: str,
+        producer: str,
+        model: str = "",
+        initial_weights_uri: str = "",
+        coalesce_s: float = 0.0,
+        decision_config: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.core = scheduler
+        self.run_id = run_id
+        self.producer = producer
+        self.model = model
+        self.initial_weights_uri = initial_weights_uri
+        self.coalesce_s = coalesce_s
+        self.decision_config = dict(decision_config or {})
+        self.published: dict[int, tuple[str, str]] = {}  # version -> (uri, sha256)
+        self.pending_steps: dict[int, tuple[int, str]] = {}  # new version -> (step, correlation id)
+        self.samples: dict[str, dict[str, int]] = {}  # live group -> {trajectory id: sample index}
+        self.rewards: dict[str, tuple[float, int]] = {}  # live group -> (reward sum, rewards counted)
+        self.loads: dict[str, tuple[str, int]] = {}  # resource -> (LoadWeights event id, version)
+        self.positions: dict[str, int] = {}  # "topic:partition" -> offset of the last journaled input
+        self.observed_seq = 0
+        self.event_seq = 0
+        self.dispatched = 0  # TaskDispatched events so far (their dense `seq`)
+
+    # ---------------------------------------------------------------------------------- inputs
+
+    def input_of(self, event: ev.Event) -> dict[str, Any] | None:
+        """The facts of `event` the scheduler uses, as compact JSON-able data; None if it is no input.
+
+        Raises `ConfigError` for an input it cannot use (a poison message: dead-letter it).
+        """
+        if event.producer == self.producer:
+            return None  # the scheduler's own decisions (ResourceLost on `resources`, ...)
+        t = event.ts_ms / 1000.0
+        if isinstance(event, ev.ResourceRegistered):
+            device = dataclasses.asdict(device_of(event))
+            return {"kind": "registered", "t": t, "resource_id": event.resource_id, "device": device}
+        if isinstance(event, ev.Heartbeat):
+            return {"kind": "heartbeat", "t": t, "resource_id": event.resource_id}
+        if isinstance(event, ev.ResourceLost):
+            return {"kind": "down", "t": t, "resource_id": event.resource_id, "reason": event.reason or "reported_down"}
+        if isinstance(event, ev.Trajectory):
+            if not event.group_id:
+                return None
+            versions = token_versions_of(event)
+            return {"kind": "trajectory", "t": t, "group_id": event.group_id, "trajectory_id": event.trajectory_id,
+                    "reward": event.reward, "token_versions": versions}
+        if isinstance(event, ev.BatchReady):
+            return {"kind": "batch", "t": t, "group_id": event.group_id,
+                    "trajectory_ids": list(event.trajectory_ids), "num_samples": event.num_samples}
+        if isinstance(event, ev.WeightsPublished):
+            if self.model and event.model != self.model:
+                return None
+            return {"kind": "published", "t": t, "version": event.version, "uri": event.uri,
+                    "sha256": event.sha256, "step": event.step}
+        if isinstance(event, ev.TrainStepCompleted):
+            if event.run_id != self.run_id:
+                return None
+            return {"kind": "step_done", "t": t, "step": event.step, "version": event.new_version,
+                    "assignment_id": event.correlation_id}
+        if isinstance(event, ev.WeightsLoaded):
+            return {"kind": "loaded", "t": t, "resource_id": event.resource_id, "version": event.version}
+        if isinstance(event, ev.ControlAck):
+            if event.command != "LoadWeights":
+                return None
+            return {"kind": "ack", "t": t, "resource_id": event.resource_id, "command_id": event.command_id,
+                    "ok": event.ok, "error": event.error}
+        return None
+
+    @staticmethod
+    def tick_input(t: float) -> dict[str, Any]:
+        return {"kind": TICK, "t": t}
+
+    def seen(self, source: Source) -> bool:
+        """Whether an input at or after `source` in its partition is already in the journal."""
+        return source.offset <= self.positions.get(source.key, -1)
+
+    def should_tick(self, t: float) -> bool:
+        """Whether a Tick at `t` can fire a timeout (ticks that cannot are not journaled)."""
+        s = self.core.settings
+        if self.core.pool.expired(t, s.heartbeat_timeout_s):
+            return True
+        r = self.core.rollout
+        return (
+            s.batch_timeout_s is not None
+            and r.train is None
+            and r.idle_since is not None
+            and t - r.idle_since >= s.batch_timeout_s
+            and len(self.core.loader.ready) >= s.min_groups_on_timeout
+        )
+
+    # ---------------------------------------------------------------------------------- stepping
+
+    def observe(self, facts: Mapping[str, Any], source: Source = Source(), ts_ms: int | None = None) -> Step | None:
+        """Derive, handle and convert one input; None when it changes nothing (it is not journaled)."""
+        observations, changed = self._derive(facts)
+        if not observations and not changed:
+            return None
+        first_event = self.event_seq
+        events: list[ev.Event] = []
+        for observation in observations:
+            events.extend(self._events(self.core.handle(observation), observation.t))
+        record = ev.SchedulerObserved(
+            event_id=journal_event_id(self.run_id, self.observed_seq),
+            ts_ms=_ms(float(facts["t"])) if ts_ms is None else ts_ms,
+            producer=self.producer,
+            correlation_id=self.run_id,
+            run_id=self.run_id,
+            seq=self.observed_seq,
+            source_topic=source.topic,
+            source_partition=source.partition,
+            source_offset=source.offset,
+            input=canonical_json(facts),
+            observations=canonical_json([observation_json(o) for o in observations]),
+            event_seq=first_event,
+            num_events=len(events),
+        )
+        self.observed_seq += 1
+        if source.topic:
+            self.positions[source.key] = max(source.offset, self.positions.get(source.key, -1))
+        return Step(record, tuple(events))
+
+    def replay(self, record: ev.SchedulerObserved) -> Step:
+        """Re-apply a journal record; raises `ReplayError` if it does not fit this state and code."""
+        if record.run_id != self.run_id:
+            raise ReplayError(f"journal record of run {record.run_id!r} replayed into run {self.run_id!r}")
+        if record.seq != self.observed_seq:
+            raise ReplayError(f"journal record {record.seq} replayed after {self.observed_seq} records")
+        source = Source(record.source_topic, record.source_partition, record.source_offset)
+        step = self.observe(json.loads(record.input), source, record.ts_ms)
+        if step is None:
+            raise ReplayError(f"journal record {record.seq} ({record.input[:80]}) changes nothing on replay")
+        mine = step.record
+        if (mine.observations, mine.event_seq, mine.num_events) != (
+            record.observations, record.event_seq, record.num_events
+        ):
+            raise ReplayError(
+                f"journal record {record.seq} replays differently: observations {mine.observations[:200]} "
+                f"({mine.num_events} events from {mine.event_seq}), recorded {record.observations[:200]} "
+                f"({record.num_events} events from {record.event_seq})"
+            )
+        return step
+
+    def replay_all(self, records: Iterable[ev.SchedulerObserved]) -> list[Step]:
+        return [self.replay(r) for r in records]
+
+    # ---------------------------------------------------------------------------------- state
+
+    def state(self) -> dict[str, Any]:
+        """The whole state as plain JSON data (string keys): equal states mean equal schedulers."""
+        shell = {
+            "published": {str(v): list(p) for v, p in self.published.items()},
+            "pending_steps": {str(v): list(p) for v, p in self.pending_steps.items()},
+            "samples": self.samples,
+            "rewards": {g: list(r) for g, r in self.rewards.items()},
+            "loads": {r: list(p) for r, p in self.loads.items()},
+            "positions": self.positions,
+            "observed_seq": self.observed_seq,
+            "event_seq": self.event_seq,
+            "dispatched": self.dispatched,
+        }
+        loaded: dict[str, Any] = json.loads(canonical_json({"core": self.core.snapshot(), "shell": shell}))
+        return loaded
+
+    def checkpoint(self, *, with_state: bool) -> ev.SchedulerCheckpoint:
+        state_text = canonical_json(self.state()) if with_state else ""
+        return ev.SchedulerCheckpoint(
+            producer=self.producer,
+            correlation_id=self.run_id,
+            run_id=self.run_id,
+            observed_seq=self.observed_seq,
+            event_seq=self.event_seq,
+            config=canonical_json(self.decision_config),
+            state_sha256=hashlib.sha256(state_text.encode("utf-8")).hexdigest() if with_state else "",
+            state=state_text,
+        )
+
+    # ---------------------------------------------------------------------------------- derive
+
+    def _derive(self, facts: Mapping[str, Any]) -> tuple[list[core.Observation], bool]:
+        """Core observations of one input and whether it changed the shell's own state."""
+        kind, t = facts["kind"], float(facts["t"])
+        pool, loader = self.core.pool, self.core.loader
+        if kind == TICK:
+            return [core.Tick(t)], False
+        if kind == "registered":
+            return [core.ResourceRegistered(t, facts["resource_id"], DeviceSpec(**facts["device"]), 0)], False
+        rid = facts.get("resource_id")
+        resource = pool.resources.get(rid) if isinstance(rid, str) else None
+        alive = resource is not None and resource.alive
+        if kind == "heartbeat":
+            if resource is None or not alive or t - resource.last_heartbeat < self.coalesce_s:
+                return [], False
+            return [core.Heartbeat(t, resource.resource_id)], False
+        if kind == "down":
+            return ([core.ResourceDown(t, facts["resource_id"], facts["reason"])] if alive else []), False
+        if kind == "loaded":
+            return ([core.WeightsLoaded(t, facts["resource_id"], int(facts["version"]))] if alive else []), False
+        if kind == "ack":
+            command = self.loads.get(facts["resource_id"])
+            if command is None or command[0] != facts["command_id"] or not alive:
+                return [], False
+            if facts["ok"]:
+                return [core.WeightsLoaded(t, facts["resource_id"], command[1])], False
+            return [core.ResourceDown(t, facts["resource_id"], "load_weights_failed")], False
+        if kind in ("trajectory", "batch"):
+            group = loader.groups.get(facts["group_id"])
+            if group is None or group.completed:
+                return [], False
+            if kind == "trajectory":
+                versions = tuple((int(v), int(n)) for v, n in facts["token_versions"])
+                return self._samples(t, group.group_id, group.n_samples, [facts["trajectory_id"]], versions,
+                                     facts["reward"]), False
+            ids = list(facts["trajectory_ids"]) + [f"#{i}" for i in range(group.n_samples)]
+            return self._samples(t, group.group_id, group.n_samples, ids, (), None), False
+        if kind == "published":
+            version = int(facts["version"])
+            if version in self.published:
+                return [], False
+            self.published[version] = (facts["uri"], facts["sha256"])
+            pending = self.pending_steps.pop(version, None)
+            return ([] if pending is None else self._step_done(t, pending[0], version, pending[1])), True
+        if kind == "step_done":
+            version, step = int(facts["version"]), int(facts["step"])
+            if version in self.published:
+                return self._step_done(t, step, version, facts["assignment_id"]), False
+            if self.pending_steps.get(version) == (step, facts["assignment_id"]):
+                return [], False
+            self.pending_steps[version] = (step, facts["assignment_id"])
+            return [], True
+        raise ReplayError(f"unknown input kind {kind!r}")
+
+    def _samples(self, t: float, group_id: str, n_samples: int, trajectory_ids: Sequence[str],
+                 token_versions: tuple[tuple[int, int], ...], reward: float | None) -> list[core.Observation]:
+        seen = self.samples.get(group_id, {})
+        out: list[core.Observation] = []
+        tokens = sum(n for _, n in token_versions)
+        for tid in trajectory_ids:
+            if tid in seen or len(seen) >= n_samples:
+                continue
+            seen[tid] = len(seen)
+            out.append(core.SampleCompleted(t, group_id, seen[tid], tokens, token_versions))
+            if reward is not None:
+                total, count = self.rewards.get(group_id, (0.0, 0))
+                self.rewards[group_id] = (total + reward, count + 1)
+        if out:
+            self.samples[group_id] = seen
+        return out
+
+    def _step_done(self, t: float, step: int, version: int, assignment_id: str) -> list[core.Observation]:
+        train = self.core.rollout.train
+        if train is None or (assignment_id != train.assignment_id and step != train.step):
+            log.warning("train step report does not match the running step",
+                        extra={"service": "scheduler", "step": step, "version": version})
+            return []
+        return [core.TrainStepCompleted(t, train.assignment_id, train.step, version)]
+
+    # ---------------------------------------------------------------------------------- decisions -> events
+
+    def _meta(self, ts_ms: int, correlation_id: str) -> dict[str, Any]:
+        event_id = decision_event_id(self.run_id, self.event_seq)
+        self.event_seq += 1
+        return {"event_id": event_id, "ts_ms": ts_ms, "producer": self.producer, "correlation_id": correlation_id}
+
+    def _events(self, decisions: Sequence[core.Decision], t: float) -> list[ev.Event]:
+        ts = _ms(t)
+        kinds = {d.assignment_id: d.task_kind for d in decisions if isinstance(d, core.Assignment)}
+        out: list[ev.Event] = []
+        for d in decisions:
+            if isinstance(d, core.Preemption):
+                for rid in d.resource_ids:
+                    by = d.by_assignment_id or ""
+                    out.append(ev.Preemption(**self._meta(ts, d.assignment_id), resource_id=rid,
+                                             preempted_task=d.task_kind, by_task=kinds.get(by, ""),
+                                             assignment_id=by, reason=d.cause))
+            else:
+                out.append(self._event(d, ts))
+        return out
+
+    def _event(self, d: core.Decision, ts: int) -> ev.Event:
+        if isinstance(d, core.TagTransition):
+            return ev.TagTransition(**self._meta(ts, d.resource_id), resource_id=d.resource_id,
+                                    tag_kind=ev.TagKind(d.tag_kind), from_tags=d.from_tags, to_tags=d.to_tags,
+                                    cause=d.cause)
+        if isinstance(d, core.Assignment):
+            return self._assignment(d, ts)
+        if isinstance(d, core.ResourceLost):
+            return ev.ResourceLost(**self._meta(ts, d.resource_id), resource_id=d.resource_id, reason=d.cause)
+        if isinstance(d, core.PauseRollout):
+            return ev.PauseRollout(**self._meta(ts, d.resource_id), resource_id=d.resource_id,
+                                   mode=ev.PauseMode(d.mode), reason=d.cause)
+        if isinstance(d, core.ResumeRollout):
+            return ev.ResumeRollout(**self._meta(ts, d.resource_id), resource_id=d.resource_id, reason=d.cause)
+        if isinstance(d, core.LoadWeights):
+            uri, sha256 = self.published.get(d.version, (self.initial_weights_uri if d.version == 0 else "", ""))
+            load = ev.LoadWeights(**self._meta(ts, d.sync_id), resource_id=d.resource_id, version=d.version,
+                                  uri=uri, sha256=sha256)
+            self.loads[d.resource_id] = (load.event_id, d.version)
+            return load
+        if isinstance(d, core.WeightSyncStarted):
+            return ev.WeightSyncStarted(**self._meta(ts, d.sync_id), model=self.model, sync_id=d.sync_id,
+                                        version=d.version, resource_ids=d.resource_ids)
+        if isinstance(d, core.WeightSyncCompleted):
+            return ev.WeightSyncCompleted(**self._meta(ts, d.sync_id), model=self.model, sync_id=d.sync_id,
+                                          version=d.version, resource_ids=d.resource_ids)
+        if isinstance(d, core.TrainData):
+            return ev.TrainData(**self._meta(ts, d.assignment_id), run_id=self.run_id, assignment_id=d.assignment_id,
+                                step=d.step, group_ids=d.group_ids, group_versions=d.group_versions,
+                                staleness_histogram=histogram(d.token_lags), final=d.final)
+        if isinstance(d, core.TaskDispatched):
+            self.dispatched += 1
+            return ev.TaskDispatched(**self._meta(ts, d.group_id), task_id=d.task_id, group_id=d.group_id,
+                                     n_samples=d.n_samples, payload=canonical_json(dict(d.payload)),
+                                     policy_version=d.policy_version, seq=self.dispatched - 1)
+        if isinstance(d, core.TaskCompleted | core.TaskAborted):
+            self.samples.pop(d.group_id, None)
+            total, count = self.rewards.pop(d.group_id, (0.0, 0))
+            aborted = "aborted" if isinstance(d, core.TaskAborted) and d.regenerate else "dropped"
+            status = "completed" if isinstance(d, core.TaskCompleted) else aborted
+            return ev.TaskCompleted(**self._meta(ts, d.group_id), task_id=d.task_id, group_id=d.group_id,
+                                    num_samples=d.n_samples, mean_reward=total / count if count else 0.0,
+                                    status=status)
+        raise ReplayError(f"no event for decision {type(d).__name__}")  # pragma: no cover - Decision is closed
+
+    def _assignment(self, d: core.Assignment, ts: int) -> ev.Assignment:
+        version = d.policy_version
+        if version is None:
+            loaded = self.core.pool.get(d.resource_ids[0]).weights_version
+            version = self.core.version if loaded is None else loaded
+        payload = {"cause": d.cause, "work": list(d.work), "run_id": self.run_id}
+        return ev.Assignment(**self._meta(ts, d.assignment_id), assignment_id=d.assignment_id,
+                             task_kind=d.task_kind, resource_ids=d.resource_ids,
+                             step=-1 if d.step is None else d.step, policy_version=version,
+                             payload=canonical_json(payload))

@@ -1,0 +1,407 @@
+"""The scheduler service: the imperative shell around the scheduler core (`python -m scheduler_svc`).
+
+It consumes `resources`, `trajectories`, `train`, `weights` and `control`, turns each event into core
+observations (`journal.JournaledScheduler`: which event gives which observation, which decision gives
+which event), calls `Scheduler.handle`, and publishes every decision as an event with the idempotent
+producer. Events it produced itself (its ResourceLost on `resources`, its commands on `control`, ...)
+are not inputs.
+
+Event sourcing: a write-ahead journal on the `scheduler` topic
+    For every input that matters the service writes a `SchedulerObserved` record: the input's compact
+    facts, where it was read (topic, partition, offset), the observations derived from it and how many
+    decision events it caused. The core is deterministic, so re-applying the records in `seq` order
+    re-creates the same state and the very same decision events (ids `uuid5(run id, event number)`,
+    `ts_ms` = time of the observation). Records are small and one partition keeps them in order; the
+    decisions themselves are spread over six topics and are not needed to rebuild.
+
+    Per polled batch of inputs:
+      1. derive + handle every input in memory (the core's decisions are already applied);
+      2. publish the batch's SchedulerObserved records, flush (Kafka acknowledged them);
+      3. publish the decision events, flush;
+      4. publish a `SchedulerCheckpoint` (counters, decision config, and every `snapshot_interval_s`
+         the whole state with its sha256), then commit the input offsets.
+    Decisions are thus published before their inputs are committed (at-least-once), and never before
+    their journal record, so the journal always explains every published decision.
+
+    Restart: read the run's journal from the start of `scheduler`, replay it (each record is checked:
+    same observations, same number of events), then
+      * inputs re-read because their offsets were not committed are skipped: the journal remembers
+        the last journaled offset of every input partition;
+      * records after the last checkpoint are the only ones whose decisions may be partly unpublished
+        (a crash between 2 and 4): the service reads the decision topics from that record's time on
+        and publishes exactly the missing events (same ids, same bytes); a copy that still raced in
+        is a duplicate any consumer drops by event id;
+      * a restart with different decision settings (policy, batch size, dataset, ...) is refused.
+    No decision is re-emitted after a clean stop or a crash outside that window, and the rebuilt state
+    equals the one before the crash (`--dump-state`, the state file, `sflow replay scheduler`).
+
+    A poison input (an exception while handling it) is dead-lettered and the state is rebuilt from
+    the journal, so the half-applied input leaves no trace. Run one instance per run id: the static
+    consumer-group membership (`group.instance.id` = instance id) lets a restarted instance take over
+    its partitions at once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bus.config import BusConfig
+from bus.consumer import EventConsumer, Received
+from bus.producer import EventProducer
+from bus.replay import ReplayRange, replay
+from bus.topics import topic_of
+from scheduler_svc.config import SchedulerServiceConfig
+from scheduler_svc.errors import ReplayError, SchedulerError
+from scheduler_svc.journal import JournaledScheduler, Source, Step
+from scheduler_svc.loader import Task, TaskDataset
+from scheduler_svc.scheduler import Scheduler
+from schemas import events as ev
+
+log = logging.getLogger(__name__)
+
+INPUT_TOPICS: tuple[str, ...] = ("resources", "trajectories", "train", "weights", "control")
+JOURNAL_TOPIC = "scheduler"
+#: Decision events of a crashed batch were produced after its journal records; read from a little earlier.
+RECONCILE_SLACK_MS = 1000
+
+
+def load_tasks(config: SchedulerServiceConfig) -> TaskDataset:
+    return TaskDataset.from_path(config.dataset, id_field=config.dataset_id_field)
+
+
+def new_scheduler(config: SchedulerServiceConfig, tasks: Sequence[Task] | None = None) -> JournaledScheduler:
+    core = Scheduler(config.tag_policy(), config.settings(), load_tasks(config) if tasks is None else tasks,
+                     record_log=False)
+    return JournaledScheduler(
+        core,
+        run_id=config.run_id,
+        producer=config.instance_id,
+        model=config.model,
+        initial_weights_uri=config.initial_weights_uri,
+        coalesce_s=config.coalesce_s,
+        decision_config=config.decision_config(),
+    )
+
+
+def read_journal(bus: BusConfig, run_id: str, rng: ReplayRange | None = None) -> list[Received]:
+    """The run's SchedulerObserved and SchedulerCheckpoint records, in journal order."""
+    result = replay(bus, [JOURNAL_TOPIC], rng)
+    if result.skipped:
+        raise ReplayError(f"undecodable journal entries: {result.skipped[:3]}")
+    return [
+        r for r in result.events
+        if isinstance(r.event, ev.SchedulerObserved | ev.SchedulerCheckpoint) and r.event.run_id == run_id
+    ]
+
+
+def recorded_config(entries: Iterable[Received]) -> dict[str, Any] | None:
+    """The decision config of the last checkpoint among `entries` (None: the run has none)."""
+    found = None
+    for r in entries:
+        if isinstance(r.event, ev.SchedulerCheckpoint):
+            found = r.event.config
+    return None if found is None else dict(json.loads(found))
+
+
+@dataclass(frozen=True)
+class CheckpointCheck:
+    """A recorded state compared with the state rebuilt at the same journal position."""
+
+    offset: int
+    ts_ms: int
+    observed_seq: int
+    matches: bool
+    differences: tuple[str, ...] = ()
+
+
+@dataclass
+class Rebuilt:
+    scheduler: JournaledScheduler
+    tail: list[tuple[Received, Step]] = field(default_factory=list)  # records after the last checkpoint
+    last_checkpoint: ev.SchedulerCheckpoint | None = None
+    checks: list[CheckpointCheck] = field(default_factory=list)
+    records: int = 0
+
+
+def rebuild(
+    config: SchedulerServiceConfig,
+    entries: Iterable[Received],
+    tasks: Sequence[Task] | None = None,
+    verify: Callable[[Received], bool] = lambda r: False,
+) -> Rebuilt:
+    """Replays journal entries into a fresh scheduler; checkpoints with a state for which `verify`
+    holds are compared with the rebuilt state."""
+    out = Rebuilt(new_scheduler(config, tasks))
+    js = out.scheduler
+    for r in entries:
+        e = r.event
+        if isinstance(e, ev.SchedulerObserved):
+            if e.seq < js.observed_seq:
+                continue  # a second copy of a record already applied
+            out.tail.append((r, js.replay(e)))
+            out.records += 1
+        elif isinstance(e, ev.SchedulerCheckpoint):
+            if e.observed_seq != js.observed_seq or e.event_seq != js.event_seq:
+                raise ReplayError(
+                    f"checkpoint at offset {r.offset} follows {e.observed_seq} records / {e.event_seq} events, "
+                    f"the journal has {js.observed_seq} / {js.event_seq}: records are missing"
+                )
+            out.tail.clear()
+            out.last_checkpoint = e
+            if e.state and verify(r):
+                out.checks.append(compare_state(r, e, js.state()))
+    return out
+
+
+def compare_state(r: Received, checkpoint: ev.SchedulerCheckpoint, state: dict[str, Any]) -> CheckpointCheck:
+    recorded = json.loads(checkpoint.state)
+    differences = tuple(diff_states(recorded, state))
+    return CheckpointCheck(r.offset, r.timestamp_ms, checkpoint.observed_seq, not differences, differences)
+
+
+def diff_states(recorded: Any, rebuilt: Any, path: str = "", limit: int = 50) -> list[str]:
+    """'path: recorded X, rebuilt Y' for every leaf that differs (at most `limit`)."""
+    out: list[str] = []
+
+    def walk(a: Any, b: Any, where: str) -> None:
+        if len(out) >= limit:
+            return
+        if isinstance(a, dict) and isinstance(b, dict):
+            for k in sorted(set(a) | set(b)):
+                walk(a.get(k, "<missing>"), b.get(k, "<missing>"), f"{where}.{k}" if where else str(k))
+        elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+            for i, (x, y) in enumerate(zip(a, b, strict=True)):
+                walk(x, y, f"{where}[{i}]")
+        elif a != b:
+            out.append(f"{where or '<root>'}: recorded {json.dumps(a)[:120]}, rebuilt {json.dumps(b)[:120]}")
+
+    walk(recorded, rebuilt, path)
+    return out
+
+
+def dump_state(config: SchedulerServiceConfig) -> dict[str, Any]:
+    """The state rebuilt from the run's journal (read only: publishes nothing)."""
+    return rebuild(config, read_journal(config.bus, config.run_id)).scheduler.state()
+
+
+class SchedulerService:
+    """Consume inputs, journal them, publish decisions; see the module docstring for the guarantees."""
+
+    def __init__(self, config: SchedulerServiceConfig, tasks: Sequence[Task] | None = None) -> None:
+        self.config = config
+        self.tasks: Sequence[Task] = load_tasks(config) if tasks is None else tasks
+        self.producer = EventProducer(config.bus, producer_id=config.instance_id)
+        self.scheduler = new_scheduler(config, self.tasks)
+        self._state_written_at = -math.inf
+        self.batches = 0
+        self.republished = 0
+
+    # ---------------------------------------------------------------------------------- start-up
+
+    def start(self) -> None:
+        """Rebuild from the journal, publish what a crash left unpublished, write a checkpoint."""
+        entries = read_journal(self.config.bus, self.config.run_id)
+        recorded = recorded_config(entries)
+        if recorded is not None:
+            differences = self.config.decision_differences(recorded)
+            if differences:
+                raise ReplayError(
+                    f"run {self.config.run_id!r} was recorded with other decision settings ("
+                    + "; ".join(differences) + "); restart with those or start a new run_id"
+                )
+        last_state = max((r.offset for r in entries
+                          if isinstance(r.event, ev.SchedulerCheckpoint) and r.event.state), default=-1)
+        rebuilt = rebuild(self.config, entries, self.tasks, verify=lambda r: r.offset == last_state)
+        for check in rebuilt.checks:
+            if not check.matches:
+                log.error("rebuilt state differs from the recorded one (see `sflow replay scheduler`)",
+                          extra={"service": "scheduler", "offset": check.offset,
+                                 "differences": "; ".join(check.differences[:5])})
+        self.scheduler = rebuilt.scheduler
+        self.republished = self._reconcile(rebuilt.tail)
+        log.info("scheduler rebuilt", extra={
+            "service": "scheduler", "run": self.config.run_id, "records": rebuilt.records,
+            "events": self.scheduler.event_seq, "unconfirmed_records": len(rebuilt.tail),
+            "republished": self.republished})
+        if rebuilt.tail or rebuilt.last_checkpoint is None:
+            self._checkpoint(force_state=True)
+        else:
+            self._write_state_file(self.scheduler.state())
+
+    def _reconcile(self, tail: list[tuple[Received, Step]]) -> int:
+        """Publishes the decision events of unconfirmed records that Kafka does not hold yet."""
+        needed = [e for _, step in tail for e in step.events]
+        if not needed:
+            return 0
+        since = min(r.timestamp_ms for r, _ in tail) - RECONCILE_SLACK_MS
+        topics = sorted({topic_of(type(e)).name for e in needed})
+        present = {r.event.event_id for r in replay(self.config.bus, topics, ReplayRange(start_ms=since)).events}
+        missing = [e for e in needed if e.event_id not in present]
+        for e in missing:
+            self.producer.publish(e)
+        self.producer.flush()
+        return len(missing)
+
+    # ---------------------------------------------------------------------------------- loop
+
+    def run(self, stop: threading.Event) -> None:
+        self.start()
+        consumer = EventConsumer(
+            self.config.bus,
+            f"scheduler.{self.config.run_id}",
+            INPUT_TOPICS,
+            dlq=self.producer,
+            **{"group.instance.id": self.config.instance_id, "session.timeout.ms": 10_000},
+        )
+        log.info("scheduler consuming", extra={"service": "scheduler", "run": self.config.run_id,
+                                                "topics": ",".join(INPUT_TOPICS)})
+        tick = self.config.tick_interval_s
+        next_tick = time.monotonic() + tick
+        while not stop.is_set():
+            # An exception leaves the loop without closing the consumer: closing commits offsets,
+            # and inputs whose decisions may be unpublished must be read again after the restart.
+            batch = consumer.poll(max(0.01, min(tick, next_tick - time.monotonic())))
+            steps: list[Step] = []
+            for received in batch:
+                self._consume(consumer, received, steps)
+            if time.monotonic() >= next_tick:
+                next_tick = time.monotonic() + tick
+                self._tick(time.time(), steps)
+            self._publish(steps)
+            consumer.commit()
+        consumer.close()
+        self._checkpoint(force_state=True)
+        self.producer.close()
+
+    def _consume(self, consumer: EventConsumer, r: Received, steps: list[Step]) -> None:
+        source = Source(r.topic.removeprefix(self.config.bus.topic_prefix), r.partition, r.offset)
+        if self.scheduler.seen(source):
+            consumer.mark_processed(r)  # journaled before a restart; its decisions are out
+            return
+        try:
+            facts = self.scheduler.input_of(r.event)
+        except SchedulerError as e:
+            consumer.dead_letter(r, f"unusable input: {e}")
+            return
+        if facts is not None:
+            try:
+                step = self.scheduler.observe(facts, source, r.event.ts_ms)
+            except Exception as e:  # a poison input: nothing of it may stay in the state
+                log.exception("input failed", extra={"service": "scheduler", "topic": source.topic,
+                                                     "offset": source.offset})
+                self._publish(steps)
+                steps.clear()
+                consumer.dead_letter(r, f"scheduler failed on it: {type(e).__name__}: {e}")
+                self._recover()
+                return
+            if step is not None:
+                steps.append(step)
+        consumer.mark_processed(r)
+
+    def _tick(self, t: float, steps: list[Step]) -> None:
+        if self.scheduler.should_tick(t):
+            step = self.scheduler.observe(self.scheduler.tick_input(t))
+            if step is not None:
+                steps.append(step)
+
+    def _recover(self) -> None:
+        entries = read_journal(self.config.bus, self.config.run_id)
+        rebuilt = rebuild(self.config, entries, self.tasks)
+        if rebuilt.tail:
+            raise ReplayError("journal has unconfirmed records while running")  # pragma: no cover
+        self.scheduler = rebuilt.scheduler
+
+    def _publish(self, steps: Sequence[Step]) -> None:
+        if not steps:
+            return
+        for step in steps:
+            self.producer.publish(step.record)
+        self.producer.flush()
+        for step in steps:
+            for e in step.events:
+                self.producer.publish(e)
+        self.producer.flush()
+        self._checkpoint()
+        self.batches += 1
+
+    def _checkpoint(self, force_state: bool = False) -> None:
+        now = time.monotonic()
+        with_state = force_state or now - self._state_written_at >= self.config.snapshot_interval_s
+        checkpoint = self.scheduler.checkpoint(with_state=with_state)
+        self.producer.publish_sync(checkpoint)
+        if with_state:
+            self._state_written_at = now
+            self._write_state_file(json.loads(checkpoint.state))
+
+    def _write_state_file(self, state: dict[str, Any]) -> None:
+        path = self.config.state_file
+        if path is None:
+            return
+        write_json_atomically(path, state)
+
+
+def write_json_atomically(path: Path, value: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(value, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------------------------------------- replay
+
+
+@dataclass
+class ReplayReport:
+    """What `sflow replay scheduler` found."""
+
+    run_id: str
+    records: int
+    checks: list[CheckpointCheck]
+    state: dict[str, Any]
+
+    @property
+    def ok(self) -> bool:
+        return all(c.matches for c in self.checks)
+
+
+def replay_scheduler(
+    bus: BusConfig,
+    run_id: str,
+    *,
+    start: int | None = None,
+    end: int | None = None,
+    by_time: bool = False,
+    dataset: Path | None = None,
+) -> ReplayReport:
+    """Rebuilds run `run_id` from its journal up to `end` and compares every recorded state whose
+    checkpoint lies in [start, end) (offsets of `scheduler`, or ms timestamps with `by_time`).
+
+    The state is always rebuilt from the first journal record: the core has no snapshot restore, and
+    event sourcing means replaying the whole log. The decision config comes from the journal itself.
+    """
+    rng = ReplayRange(end_ms=end) if by_time else ReplayRange(end_offset=end)
+    entries = read_journal(bus, run_id, rng)
+    recorded = recorded_config(entries)
+    if recorded is None:
+        raise ReplayError(f"no checkpoint of run {run_id!r} on {bus.topic(JOURNAL_TOPIC)} in that range")
+    overrides: dict[str, Any] = {"bus": bus}
+    if dataset is not None:
+        overrides["dataset"] = dataset
+    config = SchedulerServiceConfig.from_decision_config(recorded, **overrides)
+    if config.dataset_sha256 != recorded.get("dataset_sha256"):
+        raise ReplayError(f"dataset {config.dataset} is not the one run {run_id!r} was recorded with (sha256 differs)")
+
+    def in_range(r: Received) -> bool:
+        position = r.timestamp_ms if by_time else r.offset
+        return (start is None or position >= start) and (end is None or position < end)
+
+    rebuilt = rebuild(config, entries, verify=in_range)
+    return ReplayReport(run_id, rebuilt.records, rebuilt.checks, rebuilt.scheduler.state())
