@@ -397,10 +397,9 @@ class AdapterService:
             await asyncio.sleep(_END_WAIT_POLL_S)
         ended = 0
         if end_sessions:
-            for state in self.sessions:
-                if state.phase in ("open", "awaiting_reward"):
-                    await self._close(state, 0.0, SessionStatus.ABORTED)
-                    ended += 1
+            closing = [s for s in self.sessions if s.phase in ("open", "awaiting_reward")]
+            await asyncio.gather(*(self._close(s, 0.0, SessionStatus.ABORTED) for s in closing))
+            ended = len(closing)
         return {"draining": self.draining, "inflight": self.inflight, "sessions_ended": ended}
 
     def stats(self) -> dict[str, Any]:

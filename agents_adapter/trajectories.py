@@ -458,12 +458,15 @@ class TrajectoryProcessor:
             table[TableKey(DELTA, p, delta.session_id, delta.seq).to_bytes()] = delta.to_bytes()
             part.stored[delta.session_id] = delta.seq + 1
         for trajectory in emitted.trajectories:
+            # the marker before the deletes: a crash between them leaves a marker that a recovery
+            # honours (it deletes the leftovers), never deltas without a marker that re-read inputs
+            # would re-open as a new, partial session
             sid = trajectory.session_id
+            table[TableKey(CLOSED, p, sid).to_bytes()] = _TS.pack(trajectory.ts_ms)
+            part.closed[sid] = trajectory.ts_ms
             for seq in range(part.stored.pop(sid, 0)):
                 del table[TableKey(DELTA, p, sid, seq).to_bytes()]
             part.group_sizes.pop(sid, None)
-            table[TableKey(CLOSED, p, sid).to_bytes()] = _TS.pack(trajectory.ts_ms)
-            part.closed[sid] = trajectory.ts_ms
         await self._wait_buffered()
 
     def _forget_tombstones(self, p: int, part: _Partition, horizon_ms: int) -> None:
@@ -508,7 +511,7 @@ class TrajectoryProcessor:
                 try:
                     delta = SessionDelta.from_bytes(value)
                     part.assembler.restore(delta)
-                except AdapterError as e:  # a gap: keep the prefix, drop the rest (and its entries)
+                except AdapterError as e:  # cannot happen with in-order writes; keep the prefix, drop the rest
                     log.error("session %s restored from %d of its %d table entries (seqs %s): %s", sid, i,
                               len(entries), [s for s, _ in entries], e, extra={**_LOG, "session": sid})
                     part.pending += [(TableKey(DELTA, p, sid, s).to_bytes(), None) for s, _ in entries[i:]]
@@ -516,9 +519,11 @@ class TrajectoryProcessor:
                 if delta.group_size:
                     part.group_sizes[sid] = delta.group_size
                 part.stored[sid] = seq + 1
-            restored += 1
+            restored += sid in part.stored
+        deleting = {key for part in self._partitions.values() for key, value in part.pending if value is None}
         for raw_key, value in raw_items:
-            self._partition(TableKey.from_bytes(raw_key).partition).pending.append((raw_key, value))
+            if raw_key not in deleting:
+                self._partition(TableKey.from_bytes(raw_key).partition).pending.append((raw_key, value))
         log.info("recovered %d open sessions, %d closed markers%s", restored, len(tombstones),
                  f", re-putting {len(raw_items)} entries" if resync else "", extra=_LOG)
 
@@ -568,11 +573,11 @@ class TrajectoryProcessor:
         """Publishes a BatchReady, then replaces the group's entry by its fired marker."""
         await self._publish(batch)
         gid = batch.group_id
+        self.groups_table[TableKey(FIRED, p, gid).to_bytes()] = _TS.pack(batch.ts_ms)  # marker first
+        state.fired[gid] = batch.ts_ms
         if gid in state.stored:
             del self.groups_table[TableKey(GROUP, p, gid).to_bytes()]
             state.stored.discard(gid)
-        self.groups_table[TableKey(FIRED, p, gid).to_bytes()] = _TS.pack(batch.ts_ms)
-        state.fired[gid] = batch.ts_ms
 
     def _cleanup_groups(self, p: int, state: _Groups) -> None:
         now = now_ms()
@@ -599,6 +604,8 @@ class TrajectoryProcessor:
                 ts = _TS.unpack(value)[0]
                 self.tracker.restore_done(key.entity, ts)
                 state.fired[key.entity] = ts
+            elif key.kind == GROUP and self.tracker.is_done(key.entity):  # fired: its entry outlived a crash
+                state.pending.append((raw_key, None))
             elif key.kind == GROUP:
                 state.pending_batches += _restore_group(self.tracker, key.entity, value)
                 state.stored.add(key.entity)

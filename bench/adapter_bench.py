@@ -5,11 +5,13 @@ engine (`python -m inference_svc`, default model) and the proxy (`python -m agen
 own process. Then, in one run:
 
   1. latency: `--sessions` (64) concurrent multi-turn sessions, each `--turns` requests with
-     max_new_tokens=1 (so the engine's share is one prefill + one token), first straight to the engine's
-     /generate with the prompt ids the chat template gives, then through the proxy's
-     /v1/chat/completions with the same conversations (template, token-in/token-out cache, routing, the
-     engine call, recording in Kafka with acks=all, the OpenAI response). Same client (httpx) for both.
-     The added latency is proxy p50 - direct p50 (and p99); everything shares the machine's cores.
+     max_new_tokens=1 (so the engine's share is one prefill + one token) and up to `--think-ms` of agent
+     time between turns, straight to the engine's /generate with the prompt ids the chat template gives,
+     and through the proxy's /v1/chat/completions with the same conversations (template,
+     token-in/token-out cache, routing, the engine call, recording in Kafka with acks=all, the OpenAI
+     response). Same client (httpx) for both; `--rounds` direct and proxied rounds alternate so both
+     see the same background load. The added latency is proxy p50 - direct p50 (and p99), plus the
+     proxy's CPU time per call (all its threads), which machine load disturbs less.
   2. capacity: `--open-sessions` (1,000) sessions, all in flight at once, two turns each; errors are
      counted and the proxy's resident memory (RSS) is reported before and after.
 
@@ -87,9 +89,13 @@ def conversation(rng: random.Random, turns: int) -> list[list[dict[str, str]]]:
     return [[{"role": "user", "content": " ".join(rng.choices(WORDS, k=rng.randint(4, 12)))}] for _ in range(turns)]
 
 
-async def run_sessions(count: int, turn: Callable[[int, int, list[dict[str, Any]]], Awaitable[str]],
-                       turns: int, seed: int) -> tuple[list[float], int]:
-    """`count` concurrent sessions of `turns` sequential requests; latencies (ms) and error count."""
+Turn = Callable[[int, int, list[dict[str, Any]]], Awaitable[tuple[str, float]]]
+
+
+async def run_sessions(count: int, turn: Turn,
+                       turns: int, seed: int, think_ms: float = 0.0) -> tuple[list[float], int]:
+    """`count` concurrent sessions of `turns` sequential requests, each followed by up to `think_ms` of
+    agent time (tool calls); latencies (ms) and error count."""
     latencies: list[float] = []
     errors = 0
 
@@ -99,14 +105,15 @@ async def run_sessions(count: int, turn: Callable[[int, int, list[dict[str, Any]
         messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a calculator agent."}]
         for t, new in enumerate(conversation(rng, turns)):
             messages += new
-            started = time.perf_counter()
             try:
-                reply = await turn(i, t, messages)
+                reply, latency_ms = await turn(i, t, messages)
             except (httpx.HTTPError, RuntimeError):
                 errors += 1
                 return
-            latencies.append((time.perf_counter() - started) * 1000)
+            latencies.append(latency_ms)
             messages.append({"role": "assistant", "content": reply})
+            if think_ms:
+                await asyncio.sleep(rng.uniform(0, think_ms) / 1000)
 
     await asyncio.gather(*(session(i) for i in range(count)))
     return latencies, errors
@@ -115,8 +122,11 @@ async def run_sessions(count: int, turn: Callable[[int, int, list[dict[str, Any]
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--sessions", type=int, default=64)
-    parser.add_argument("--turns", type=int, default=8)
+    parser.add_argument("--turns", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=4, help="direct and proxied rounds, alternated")
     parser.add_argument("--open-sessions", type=int, default=1000)
+    parser.add_argument("--think-ms", type=float, default=200.0,
+                        help="agent time between turns, uniform in [0, think-ms] (0: back-to-back calls)")
     parser.add_argument("--bootstrap", default="", help="use this Kafka instead of starting one")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="adapter-bench-"))
@@ -167,38 +177,56 @@ async def measure(args: argparse.Namespace, codec: ChatCodec, engine_url: str, p
     limits = httpx.Limits(max_connections=args.open_sessions + 64, max_keepalive_connections=args.open_sessions + 64)
     async with httpx.AsyncClient(timeout=600.0, limits=limits) as http:
 
-        async def direct(i: int, t: int, messages: list[dict[str, Any]]) -> str:
-            ids = codec.encode(codec.render(messages))
+        async def direct(i: int, t: int, messages: list[dict[str, Any]]) -> tuple[str, float]:
+            ids = codec.encode(codec.render(messages))  # the agent's own templating: not timed
             body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
                     "return_logprob": True}
+            started = time.perf_counter()
             response = await http.post(f"{engine_url}/generate", json=body)
+            latency_ms = (time.perf_counter() - started) * 1000
             if response.status_code != 200:
                 raise RuntimeError(response.text)
-            return codec.decode(response.json()["output_ids"])
+            return codec.decode(response.json()["output_ids"]), latency_ms
 
-        def through_proxy(tag: str) -> Callable[[int, int, list[dict[str, Any]]], Awaitable[str]]:
-            async def call(i: int, t: int, messages: list[dict[str, Any]]) -> str:
+        def through_proxy(tag: str) -> Turn:
+            async def call(i: int, t: int, messages: list[dict[str, Any]]) -> tuple[str, float]:
                 body = {"model": model, "messages": messages, "max_tokens": 1, "temperature": 0.0}
                 headers = {"Authorization": f"Bearer {KEY}", "X-Session-Id": f"{tag}-{i}"}
+                started = time.perf_counter()
                 response = await http.post(f"{proxy_url}/v1/chat/completions", json=body, headers=headers)
+                latency_ms = (time.perf_counter() - started) * 1000
                 if response.status_code != 200:
                     raise RuntimeError(response.text)
-                return str(response.json()["choices"][0]["message"]["content"])
+                return str(response.json()["choices"][0]["message"]["content"]), latency_ms
 
             return call
 
         await run_sessions(8, direct, 2, seed=0)  # warm-up: connections, engine, Kafka producer
         await run_sessions(8, through_proxy("warm"), 2, seed=0)
-        direct_ms, direct_err = await run_sessions(args.sessions, direct, args.turns, seed=1)
-        proxy_ms, proxy_err = await run_sessions(args.sessions, through_proxy("lat"), args.turns, seed=1)
+        direct_ms: list[float] = []
+        proxy_ms: list[float] = []
+        direct_err = proxy_err = 0
+        cpu_ms = 0.0
+        for r in range(args.rounds):  # alternate, so both paths see the same background load
+            latencies, errors = await run_sessions(args.sessions, direct, args.turns, 1 + r, args.think_ms)
+            direct_ms, direct_err = direct_ms + latencies, direct_err + errors
+            cpu_before = proxy_proc.cpu_times()
+            latencies, errors = await run_sessions(args.sessions, through_proxy(f"lat{r}"), args.turns, 1 + r,
+                                                   args.think_ms)
+            cpu_after = proxy_proc.cpu_times()
+            proxy_ms, proxy_err = proxy_ms + latencies, proxy_err + errors
+            cpu_ms += ((cpu_after.user + cpu_after.system) - (cpu_before.user + cpu_before.system)) * 1000
         d50, d99, p50, p99 = (percentile(direct_ms, 0.5), percentile(direct_ms, 0.99),
                               percentile(proxy_ms, 0.5), percentile(proxy_ms, 0.99))
-        print(f"\nlatency, {args.sessions} concurrent sessions x {args.turns} turns, max_new_tokens=1")
+        print(f"\nlatency: {args.rounds} rounds x {args.sessions} concurrent sessions x {args.turns} turns, "
+              f"max_new_tokens=1, think time U[0, {args.think_ms:.0f}] ms")
+        print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (shared machine)")
         print(f"{'path':<22}{'calls':>7}{'errors':>8}{'p50 ms':>10}{'p99 ms':>10}{'mean ms':>10}")
         for name, values, errs in (("engine direct", direct_ms, direct_err), ("through proxy", proxy_ms, proxy_err)):
             print(f"{name:<22}{len(values):>7}{errs:>8}{percentile(values, 0.5):>10.2f}"
                   f"{percentile(values, 0.99):>10.2f}{statistics.fmean(values):>10.2f}")
         print(f"{'added by the proxy':<37}{p50 - d50:>10.2f}{p99 - d99:>10.2f}")
+        print(f"proxy CPU per call (all its threads): {cpu_ms / max(1, len(proxy_ms)):.2f} ms")
 
         rss_before = proxy_proc.memory_info().rss
         started = time.perf_counter()

@@ -46,7 +46,7 @@ class Args:
 
 def parse_args() -> Args:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--new-tokens", type=int, default=128, help="tokens generated per request")
     parser.add_argument("--prompt-len", type=int, default=32)
     parser.add_argument("--batch-sizes", default="1,16,64")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per point (the median is shown)")
@@ -64,24 +64,38 @@ def parse_args() -> Args:
     )
 
 
-def interleaved_median_times(runs: list[Callable[[], object]], repeats: int) -> list[float]:
+@dataclass(frozen=True)
+class Timing:
+    wall_s: float  # median wall-clock seconds of a run
+    cpu_s: float  # median CPU seconds the process spent (robust when other jobs share the cores)
+
+
+def interleaved_median_times(runs: list[Callable[[], object]], repeats: int) -> list[Timing]:
     for run in runs:
         run()  # warm-up
-    times: list[list[float]] = [[] for _ in runs]
+    walls: list[list[float]] = [[] for _ in runs]
+    cpus: list[list[float]] = [[] for _ in runs]
     for _ in range(repeats):
-        for run, bucket in zip(runs, times, strict=True):
-            started = time.perf_counter()
+        for run, wall, cpu in zip(runs, walls, cpus, strict=True):
+            started, cpu_started = time.perf_counter(), time.process_time()
             run()
-            bucket.append(time.perf_counter() - started)
-    return [statistics.median(bucket) for bucket in times]
+            wall.append(time.perf_counter() - started)
+            cpu.append(time.process_time() - cpu_started)
+    return [Timing(statistics.median(w), statistics.median(c)) for w, c in zip(walls, cpus, strict=True)]
 
 
-def bench_throughput(
-    args: Args, hf: torch.nn.Module, engine: NativeEngine, pad_id: int
-) -> dict[int, tuple[float, float]]:
+@dataclass(frozen=True)
+class Throughput:
+    hf_tps: float
+    native_tps: float
+    hf_cpu_tps: float  # tokens per CPU-second
+    native_cpu_tps: float
+
+
+def bench_throughput(args: Args, hf: torch.nn.Module, engine: NativeEngine, pad_id: int) -> dict[int, Throughput]:
     """Median tokens/s of each side; the two sides alternate run by run so load changes hit both."""
     rng = torch.Generator().manual_seed(0)
-    results: dict[int, tuple[float, float]] = {}
+    results: dict[int, Throughput] = {}
     n = args.new_tokens
     for bs in args.batch_sizes:
         prompts = torch.randint(0, 256, (bs, args.prompt_len), generator=rng)
@@ -101,10 +115,13 @@ def bench_throughput(
             ]
             assert all(len(f.result().output_ids) == n for f in futures)
 
-        hf_s, native_s = interleaved_median_times([run_hf, run_native], args.repeats)
-        hf_tps, native_tps = bs * n / hf_s, bs * n / native_s
-        results[bs] = (hf_tps, native_tps)
-        print(f"  bs={bs:>3}: hf generate {hf_tps:9.0f} tok/s   native {native_tps:9.0f} tok/s", flush=True)
+        hf_t, native_t = interleaved_median_times([run_hf, run_native], args.repeats)
+        tokens = bs * n
+        results[bs] = Throughput(
+            tokens / hf_t.wall_s, tokens / native_t.wall_s, tokens / hf_t.cpu_s, tokens / native_t.cpu_s
+        )
+        print(f"  bs={bs:>3}: hf generate {tokens / hf_t.wall_s:9.0f} tok/s   native {tokens / native_t.wall_s:9.0f} "
+              f"tok/s", flush=True)
     return results
 
 
@@ -233,7 +250,7 @@ def main() -> None:
             print("decode throughput (median of runs):", flush=True)
             throughput = bench_throughput(args, hf, engine, pad_id)
             mean_budget = (16 + 160) / 2
-            rate = args.load * throughput[16][1] / mean_budget if 16 in throughput else 50.0
+            rate = args.load * throughput[16].native_tps / mean_budget if 16 in throughput else 50.0
             work = poisson_workload(args.poisson_requests, rate, args.prompt_len)
             print(f"serving {args.poisson_requests} Poisson arrivals at {rate:.0f} req/s "
                   f"(budgets 16..160 tokens):", flush=True)
@@ -241,10 +258,16 @@ def main() -> None:
             static = serve_static(engine, work, max_batch=64)
             pause_ms, load_ms, refill_ms = bench_swap(engine, [perturbed, model_dir])
 
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print()
+    print(f"(wall clock; 1-min load average at the end {load:.1f} on {os.cpu_count()} cores. tok/CPU-s divides by the "
+          "CPU time the process used, which other jobs on the machine do not inflate as much)")
     print(f"{'measure':<44}{'hf generate':>14}{'native':>14}{'ratio':>9}")
-    for bs, (hf_tps, native_tps) in throughput.items():
-        print(f"{f'decode tok/s @ batch {bs}':<44}{hf_tps:>14.0f}{native_tps:>14.0f}{native_tps / hf_tps:>8.2f}x")
+    for bs, t in throughput.items():
+        print(f"{f'decode tok/s @ batch {bs}':<44}{t.hf_tps:>14.0f}{t.native_tps:>14.0f}{t.native_tps / t.hf_tps:>8.2f}x")
+    for bs, t in throughput.items():
+        print(f"{f'decode tok/CPU-s @ batch {bs}':<44}{t.hf_cpu_tps:>14.0f}{t.native_cpu_tps:>14.0f}"
+              f"{t.native_cpu_tps / t.hf_cpu_tps:>8.2f}x")
     print()
     print(f"{'Poisson serving':<44}{'static':>14}{'continuous':>14}{'ratio':>9}")
     print(f"{'throughput tok/s':<44}{static.throughput:>14.0f}{continuous.throughput:>14.0f}"
@@ -257,8 +280,7 @@ def main() -> None:
     print(f"weight swap with 16 running requests: pause->resume {pause_ms:.1f} ms (load {load_ms:.1f} ms), "
           f"re-prefill until all carry the new version {refill_ms:.1f} ms")
     if 16 in throughput:
-        hf16, native16 = throughput[16]
-        print(f"ratio native vs hf generate @bs16: {native16 / hf16:.2f}x")
+        print(f"ratio native vs hf generate @bs16: {throughput[16].native_tps / throughput[16].hf_tps:.2f}x")
 
 
 if __name__ == "__main__":

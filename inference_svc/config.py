@@ -58,6 +58,11 @@ class InferenceConfig(BaseModel):
     kv_initial_tokens: int = Field(
         default=256, ge=16, description="Initial KV-cache length per slot; it doubles as needed up to max_context."
     )
+    prefix_cache_slots: int = Field(
+        default=8,
+        ge=0,
+        description="Finished sequences whose KV is kept so a call that extends one prefills only the rest.",
+    )
     peak_flops: float | None = Field(
         default=None, gt=0, description="Declared peak FLOP/s of the resource (None = measure or look up)."
     )

@@ -111,8 +111,30 @@ def create_default_model(out_dir: Path, spec: DefaultModelSpec | None = None) ->
     )
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir, save_jinja_files=False)
+    _add_legacy_keys(out_dir)
     (out_dir / "seamlessflow_model.json").write_text(json.dumps({"spec": asdict(spec)}, indent=2) + "\n")
     return out_dir
+
+
+def _add_legacy_keys(out_dir: Path) -> None:
+    """Makes the directory readable by transformers 4.x too (what SGLang may pin on a GPU machine).
+
+    transformers 5 writes `rope_parameters` and `dtype` only, and a tokenizer class 4.x does not know;
+    a 4.x reader would fall back to Qwen3's default rope_theta (1e6) and compute a different model.
+    """
+    config_path = out_dir / "config.json"
+    config = json.loads(config_path.read_text())
+    rope = config.get("rope_parameters") or {}
+    config.setdefault("rope_theta", rope.get("rope_theta", 10000.0))
+    config.setdefault("torch_dtype", config.get("dtype", "float32"))
+    config_path.write_text(json.dumps(config, indent=2) + "\n")
+    tok_path = out_dir / "tokenizer_config.json"
+    tok_config = json.loads(tok_path.read_text())
+    tok_config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    extra = tok_config.pop("extra_special_tokens", None)
+    if isinstance(extra, list):
+        tok_config["additional_special_tokens"] = extra
+    tok_path.write_text(json.dumps(tok_config, indent=2, ensure_ascii=False) + "\n")
 
 
 def write_perturbed_checkpoint(src_dir: Path, out_dir: Path, noise_std: float = 0.02, seed: int = 1) -> Path:

@@ -17,6 +17,11 @@ Partial rollout (DESIGN.md §4):
   `WeightLoadError` and leaves the old weights live.
 - While paused, new requests queue (they are not refused) and start on resume.
 
+Prefix reuse (optional, `prefix_cache_slots` > 0): the KV of finished requests is kept in spare slots;
+a new request whose prompt starts with such a sequence (an agent's next turn extends its previous call)
+copies that KV and prefills only the rest. `meta_info.cached_tokens` reports the reused length. A weight
+swap, a retract or `flush_cache` drops these entries (their KV belongs to the old weights).
+
 Sampling is seeded per request (`sampling_seed`, else derived from the engine seed and arrival order),
 each request drawing from its own `torch.Generator`, so its tokens do not depend on its batch-mates.
 """
@@ -30,7 +35,7 @@ import queue
 import threading
 import time
 import uuid
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -39,6 +44,7 @@ from typing import Any, Literal, TypeVar
 
 import torch
 
+from inference_svc.config import InferenceConfig
 from inference_svc.errors import EngineClosedError, InferenceError, InvalidRequestError, WeightLoadError
 from inference_svc.model_runner import BatchRunner, SlotKVCache, model_shape
 from inference_svc.sampling import RowSampling, sample_rows
@@ -95,6 +101,7 @@ class GenerationResult:
     finish_reason: FinishReason | None
     weight_version: int
     e2e_latency_s: float
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
 
 
 @dataclass(frozen=True)
@@ -133,6 +140,7 @@ class _Sequence:
     versions: list[int] = field(default_factory=list)
     cached_len: int = 0  # tokens whose KV is in the slot; the rest are fed at the next step
     slot: int = -1
+    reused: int = 0  # prompt tokens taken from the prefix cache
 
     def uncached_tokens(self) -> list[int]:
         """The tokens to feed at the next step (without rebuilding prompt + output every step)."""
@@ -153,6 +161,7 @@ class _Sequence:
             finish_reason=finish,
             weight_version=version,
             e2e_latency_s=time.perf_counter() - self.started,
+            cached_tokens=self.reused,
         )
 
 
@@ -177,6 +186,7 @@ class NativeEngine:
         weight_version: int = 0,
         kv_initial_tokens: int = 256,
         max_prefill_tokens: int = 8192,
+        prefix_cache_slots: int = 0,
         num_threads: int | None = None,
         resource_id: str = "rollout-0",
     ) -> None:
@@ -194,9 +204,10 @@ class NativeEngine:
         self.model_type: str = self._model.config.model_type
         self.architectures: list[str] = list(getattr(self._model.config, "architectures", None) or [])
         cache = SlotKVCache(
-            shape, max_running_requests, min(kv_initial_tokens, self.max_context), self.max_context,
-            _DTYPES[dtype], torch.device(device),
+            shape, max_running_requests + prefix_cache_slots, min(kv_initial_tokens, self.max_context),
+            self.max_context, _DTYPES[dtype], torch.device(device),
         )
+        self._prefixes = _PrefixCache(cache, first_slot=max_running_requests, num_slots=prefix_cache_slots)
         self._runner = BatchRunner(self._model, cache)
         self._seed = seed
         self._arrivals = itertools.count(1)
@@ -212,8 +223,7 @@ class NativeEngine:
         self._started = False
 
     @classmethod
-    def from_config(cls, config: Any) -> NativeEngine:
-        """Builds the engine from an `InferenceConfig`."""
+    def from_config(cls, config: InferenceConfig) -> NativeEngine:
         return cls(
             config.model_path,
             max_running_requests=config.max_running_requests,
@@ -223,6 +233,7 @@ class NativeEngine:
             seed=config.seed,
             weight_version=config.weight_version,
             kv_initial_tokens=config.kv_initial_tokens,
+            prefix_cache_slots=config.prefix_cache_slots,
             num_threads=config.num_threads,
             resource_id=config.resource_id,
         )
@@ -342,6 +353,8 @@ class NativeEngine:
         )
         seq.future.set_running_or_notify_cancel()
         self._inbox.put(seq)
+        if self._closed and not self._thread.is_alive():  # the loop died meanwhile: do not leave it hanging
+            self._fail_leftovers()
         return seq.future
 
     def generate(
@@ -364,6 +377,7 @@ class NativeEngine:
             if mode == "abort":
                 self._abort_all_now("Aborted by pause_generation(mode=abort)")
             elif mode == "retract":
+                self._prefixes.clear()
                 for seq in self._running:
                     seq.cached_len = 0
             logger.info("paused", extra={"resource": self.resource_id, "mode": mode, "requests": affected})
@@ -406,6 +420,7 @@ class NativeEngine:
                 self._abort_all_now("Aborted by update_weights_from_disk(abort_all_requests=True)")
             apply_state(self._model, state)
             self._runner.refresh()
+            self._prefixes.clear()
             self._version = self._version + 1 if weight_version is None else weight_version
             for seq in self._running:
                 seq.cached_len = 0  # re-prefill prompt + generated with the new weights
@@ -420,8 +435,13 @@ class NativeEngine:
         return WeightUpdateResult(True, "Succeeded to update model weights.", version, load_ms, apply_ms, held)
 
     def flush_cache(self) -> bool:
-        """No cache outlives its request in this engine, so there is nothing to flush: always True."""
-        return True
+        """Drops the prefix cache (running requests keep their own KV); always succeeds."""
+
+        def run() -> bool:
+            self._prefixes.clear()
+            return True
+
+        return self._call(run)
 
     def snapshot(self) -> list[GenerationResult]:
         """Partial results of every running and queued request, taken at a token boundary."""
@@ -532,6 +552,8 @@ class NativeEngine:
                 continue
             seq.slot = len(self._running)
             seq.cached_len = 0
+            if not seq.out_ids:
+                seq.cached_len = seq.reused = self._prefixes.restore(seq.prompt, seq.slot)
             self._running.append(seq)
 
     def _prefill_groups(self, seqs: list[_Sequence]) -> list[list[_Sequence]]:
@@ -588,6 +610,8 @@ class NativeEngine:
 
     def _abort_all_now(self, message: str) -> int:
         victims = [*self._running, *self._waiting]
+        for seq in self._running:
+            self._prefixes.keep(seq)
         for seq in victims:
             self._resolve(seq, _abort_reason(seq, message))
         self._running.clear()
@@ -596,6 +620,7 @@ class NativeEngine:
 
     def _release(self, seq: _Sequence) -> None:
         """Removes a running sequence, moving the last one into its slot to keep the batch contiguous."""
+        self._prefixes.keep(seq)
         last = self._running[-1]
         if last is not seq:
             self._runner.cache.copy_slot(last.slot, seq.slot, last.cached_len)
@@ -603,6 +628,62 @@ class NativeEngine:
             self._running[seq.slot] = last
         self._running.pop()
         seq.slot = -1
+
+
+class _PrefixCache:
+    """KV of finished sequences in spare slots, reused by prompts that start with them (LRU)."""
+
+    MIN_REUSE = 8  # shorter matches are not worth a copy
+
+    def __init__(self, cache: SlotKVCache, first_slot: int, num_slots: int) -> None:
+        self._cache = cache
+        self._free = list(range(first_slot, first_slot + num_slots))
+        self._entries: OrderedDict[int, list[int]] = OrderedDict()  # slot -> tokens whose KV it holds
+
+    def clear(self) -> None:
+        self._free.extend(self._entries)
+        self._entries.clear()
+
+    def keep(self, seq: _Sequence) -> None:
+        """Copies a leaving sequence's KV into a spare slot (evicting the least recently used)."""
+        if seq.slot < 0 or seq.cached_len < self.MIN_REUSE or not (self._free or self._entries):
+            return
+        tokens = (seq.prompt + seq.out_ids)[: seq.cached_len]
+        for slot, held in list(self._entries.items()):  # an entry this one extends is redundant
+            if len(held) <= len(tokens) and tokens[: len(held)] == held:
+                del self._entries[slot]
+                self._free.append(slot)
+        slot = self._free.pop() if self._free else self._entries.popitem(last=False)[0]
+        self._cache.copy_slot(seq.slot, slot, seq.cached_len)
+        self._entries[slot] = tokens
+
+    def restore(self, prompt: list[int], slot: int) -> int:
+        """Copies the longest cached prefix of `prompt` (keeping >= 1 token to feed) into `slot`."""
+        best_slot, best = -1, 0
+        limit = len(prompt) - 1
+        for held_slot, held in self._entries.items():
+            n = _common_prefix(held, prompt, limit)
+            if n > best:
+                best_slot, best = held_slot, n
+        if best < self.MIN_REUSE:
+            return 0
+        self._cache.copy_slot(best_slot, slot, best)
+        self._entries.move_to_end(best_slot)
+        return best
+
+
+def _common_prefix(a: list[int], b: list[int], limit: int) -> int:
+    n = min(len(a), len(b), limit)
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 def _abort_reason(seq: _Sequence, message: str) -> FinishReason:
@@ -622,7 +703,9 @@ def _eos_ids(model: Any) -> frozenset[int]:
 
 def _load_model(path: Path, device: str, dtype: str) -> Any:
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # a service log is no place for progress bars
     if not (path / "config.json").is_file():
         raise WeightLoadError(f"model_path={str(path)!r} is not a Hugging Face model directory (no config.json)")
     try:

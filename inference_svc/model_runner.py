@@ -255,12 +255,17 @@ def _fuse_into_views(params: list[Any]) -> torch.Tensor:
 
 
 def _rms(x: torch.Tensor, norm: Any) -> torch.Tensor:
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), norm.weight, norm.variance_epsilon)
     return _rms_with(x, norm.weight, norm.variance_epsilon)
 
 
 def _rms_with(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """transformers' RMSNorm (float32 statistics, weight applied in the input dtype), with fewer ops."""
+    """transformers' RMSNorm (float32 statistics, weight applied in the input dtype), with fewer ops.
+
+    `weight` may be per head ([heads, D]), which `F.rms_norm` does not take, hence the separate multiply.
+    """
     if x.dtype == torch.float32:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+        return F.rms_norm(x, (x.shape[-1],), None, eps) * weight
     h = x.float()
     return weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)

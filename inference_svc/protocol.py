@@ -147,6 +147,7 @@ def generate_response(
             finish_reason=None if result.finish_reason is None else result.finish_reason.to_json(),
             prompt_tokens=len(result.prompt_ids),
             completion_tokens=len(result.output_ids),
+            cached_tokens=result.cached_tokens,
             weight_version=str(result.weight_version),
             e2e_latency=result.e2e_latency_s,
             output_token_logprobs=logprobs,

@@ -42,6 +42,8 @@ DECISION_FIELDS: tuple[str, ...] = (
     "train_resources",
     "max_staleness",
     "strict_staleness",
+    "straggler",
+    "max_regenerations",
     "train_microbatches",
     "placement",
     "with_critic",
@@ -92,6 +94,14 @@ class SchedulerServiceConfig(BaseModel):
     )
     strict_staleness: bool = Field(
         default=True, description="Hold the bound for stragglers too (a step waits for groups about to expire)."
+    )
+    straggler: Literal["wait", "abort"] = Field(
+        default="wait",
+        description="A group still rolling out when the last step allowed to train on it closes: wait for it, "
+        "or abort it (its sessions are cancelled; TaskCompleted with status aborted / dropped).",
+    )
+    max_regenerations: int = Field(
+        default=1, ge=0, description="With straggler=abort: times an aborted task is dispatched again."
     )
     train_microbatches: int = Field(
         default=1, ge=1, description="Micro-batches a train step streams in (1: the whole batch at once)."
@@ -184,7 +194,8 @@ class SchedulerServiceConfig(BaseModel):
                 with_critic=self.with_critic,
                 placement=self.placement,
             )
-        return dataclasses.replace(policy, strict_staleness=self.strict_staleness)
+        return dataclasses.replace(policy, strict_staleness=self.strict_staleness, straggler=self.straggler,
+                                   max_regenerations=self.max_regenerations)
 
     def settings(self) -> SchedulerSettings:
         return SchedulerSettings(
@@ -216,12 +227,13 @@ class SchedulerServiceConfig(BaseModel):
         return out
 
     def decision_differences(self, recorded: Mapping[str, Any]) -> list[str]:
-        """'field: recorded X, now Y' for every decision field that differs from a recorded config."""
+        """'field: recorded X, now Y' for every decision field that differs from a recorded config (the
+        dataset by content: a moved file with the same sha256 is the same dataset)."""
         mine = self.decision_config()
         return [
             f"{name}: recorded {recorded.get(name)!r}, now {mine.get(name)!r}"
             for name in sorted(set(mine) | set(recorded))
-            if recorded.get(name) != mine.get(name)
+            if name != "dataset" and recorded.get(name) != mine.get(name)
         ]
 
     # ------------------------------------------------------------------------------------ building

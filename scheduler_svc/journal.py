@@ -266,6 +266,8 @@ class JournaledScheduler:
 
     def observe(self, facts: Mapping[str, Any], source: Source = Source(), ts_ms: int | None = None) -> Step | None:
         """Derive, handle and convert one input; None when it changes nothing (it is not journaled)."""
+        text = canonical_json(facts)
+        facts = json.loads(text)  # exactly what a replay of the record will see
         observations, changed = self._derive(facts)
         if not observations and not changed:
             return None
@@ -283,7 +285,7 @@ class JournaledScheduler:
             source_topic=source.topic,
             source_partition=source.partition,
             source_offset=source.offset,
-            input=canonical_json(facts),
+            input=text,
             observations=canonical_json([observation_json(o) for o in observations]),
             event_seq=first_event,
             num_events=len(events),
@@ -368,13 +370,19 @@ class JournaledScheduler:
         if kind == "down":
             return ([core.ResourceDown(t, facts["resource_id"], facts["reason"])] if alive else []), False
         if kind == "loaded":
-            return ([core.WeightsLoaded(t, facts["resource_id"], int(facts["version"]))] if alive else []), False
+            version = int(facts["version"])
+            if resource is None or not alive:
+                return [], False
+            if resource.weights_version == version and not self._load_pending(resource.resource_id):
+                return [], False  # a second report of the same load (its ack and its WeightsLoaded event)
+            return [core.WeightsLoaded(t, facts["resource_id"], version)], False
         if kind == "ack":
             command = self.loads.get(facts["resource_id"])
             if command is None or command[0] != facts["command_id"] or not alive:
                 return [], False
             if facts["ok"]:
-                return [core.WeightsLoaded(t, facts["resource_id"], command[1])], False
+                return self._derive({"kind": "loaded", "t": t, "resource_id": facts["resource_id"],
+                                     "version": command[1]})
             return [core.ResourceDown(t, facts["resource_id"], "load_weights_failed")], False
         if kind in ("trajectory", "batch"):
             group = loader.groups.get(facts["group_id"])
@@ -402,6 +410,10 @@ class JournaledScheduler:
             self.pending_steps[version] = (step, facts["assignment_id"])
             return [], True
         raise ReplayError(f"unknown input kind {kind!r}")
+
+    def _load_pending(self, resource_id: str) -> bool:
+        sync = self.core.rollout.syncs.get(self.core.rollout.resource_sync.get(resource_id, ""))
+        return sync is not None and resource_id in sync.pending
 
     def _samples(self, t: float, group_id: str, n_samples: int, trajectory_ids: Sequence[str],
                  token_versions: tuple[tuple[int, int], ...], reward: float | None) -> list[core.Observation]:

@@ -8,4 +8,8 @@ Modules, none of which knows about Kafka:
   critic      the PPO value model
   checkpoint  checkpoint directory layout, atomic commit, digests, progress file
   trainer     `Trainer`: train_step, save_checkpoint, load_checkpoint (what the service shell drives)
+
+The service shell (`python -m trainer_svc`, module `service`, settings `config.ServiceConfig`) is the only
+part that knows about Kafka: it consumes trajectories and train assignments, drives `Trainer`, and
+commits the consumed offsets with each checkpoint.
 """

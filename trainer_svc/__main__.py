@@ -32,7 +32,8 @@ _SECTIONS = ("engine", "algorithm")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m trainer_svc", description=" ".join(__doc__.split("\n\n")[0].split()))
+    summary = " ".join(__doc__.split("\n\n")[0].split())
+    parser = argparse.ArgumentParser(prog="python -m trainer_svc", description=summary)
     parser.add_argument("--config", type=Path, default=None, help="YAML or JSON file with ServiceConfig fields")
     docs = _field_docs()
     for f in dataclasses.fields(ServiceConfig):
@@ -108,7 +109,11 @@ def parse_config(argv: list[str] | None = None) -> ServiceConfig:
 def main(argv: list[str] | None = None) -> int:
     config = parse_config(argv)
     configure_logging("trainer", config.log_level)
-    from trainer_svc.service import run_service  # torch and transformers load here, after the config is valid
+    from transformers.utils import logging as hf_logging  # torch and transformers load after the config is valid
+
+    from trainer_svc.service import run_service
+
+    hf_logging.disable_progress_bar()  # a service logs lines, not progress bars of each checkpoint write
 
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -112,9 +112,12 @@ def staging_dir(final: Path) -> Path:
     """A hidden sibling of `final` to write into; `commit` renames it into place."""
     if final.exists():
         raise CheckpointError(f"checkpoint directory {final} already exists; refusing to overwrite it")
-    final.parent.mkdir(parents=True, exist_ok=True)
     staging = final.with_name(f".{final.name}.tmp-{uuid.uuid4().hex[:8]}")
-    staging.mkdir()
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        staging.mkdir()
+    except OSError as e:
+        raise CheckpointError(f"cannot create {staging}: {e}") from e
     return staging
 
 

@@ -1,8 +1,10 @@
-"""Trainer configuration: three frozen dataclasses checked on construction.
+"""Trainer configuration: frozen dataclasses checked on construction.
 
+`TrainerConfig` (with `EngineConfig` and `AlgorithmConfig`) configures the core; `ServiceConfig` adds what
+the service shell needs (run id, resources, weights store, bus, trigger mode) and holds the other two.
 Every bad value raises `ConfigError` naming the field (dotted, e.g. `engine.zero_stage`) and the value, so
-a typo in a YAML file fails at start-up, not after the model was loaded. `TrainerConfig.from_mapping`
-builds the whole tree from plain dicts (YAML / JSON) and refuses unknown keys.
+a typo in a YAML file fails at start-up, not after the model was loaded. `TrainerConfig.from_mapping` and
+`ServiceConfig.from_mapping` build the whole tree from plain dicts (YAML / JSON) and refuse unknown keys.
 """
 
 from __future__ import annotations

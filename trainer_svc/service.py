@@ -17,8 +17,9 @@ When a step runs
                 All chunks of an assignment go into one `Trainer.train_step` (one policy update).
     standalone  a step runs whenever `groups_per_step` complete groups are buffered (oldest BatchReady
                 first). A trajectory without a group id is a group of its own, complete on arrival.
-    Either way a buffered group whose newest token is more than `max_staleness` versions old is
-    dropped: every one of its tokens would be masked out of the loss.
+    Either way a group (with its BatchReady) whose newest token is more than `max_staleness` versions
+    old is dropped untrained: every one of its tokens would be masked out of the loss. A trajectory
+    arriving for a group already trained or dropped is ignored (logged).
 
 One step (ids: `step_event_id(run_id, step, type)`, the same for every attempt at that step)
     1. TrainStepStarted (acknowledged by Kafka before training; a redone step repeats it, same id);
@@ -40,10 +41,13 @@ Exactly-once training across restarts: the checkpoint is the only record of prog
     trajectory processor is at-least-once; copies share the trajectory id). On start the service loads
     the newest checkpoint (weights, optimizer, step, version), assigns the input partitions itself at
     the stored offsets (no consumer-group position is used or needed) and skips ids already trained.
-    A crash anywhere before the checkpoint's rename redoes the step from the previous checkpoint with
-    the same trajectories re-read; a crash after it finds the step done: its TrainStepCompleted (kept
-    in the state, byte for byte) and WeightsPublished are published on start when `weights` lacks them.
-    Consumers drop repeated ids: the same id always means the same step.
+    A crash anywhere before the checkpoint's rename redoes the step from the previous checkpoint on the
+    re-read inputs (scheduled: the same assignment and groups; standalone: the first complete groups,
+    which may include groups completed meanwhile; either way no trajectory is lost or trained twice). A
+    crash after the rename finds the step done: its TrainStepCompleted (kept in the state, byte for
+    byte) and WeightsPublished are published on start when `weights` lacks them. Consumers drop
+    repeated ids: a TrainStepCompleted or WeightsPublished id always means the same step and content;
+    a repeated TrainStepStarted id marks a retried step.
 
 Test hook: `SFLOW_TRAINER_FAULT=kill-before-checkpoint@N` (or `kill-after-checkpoint@N`) makes the process
 SIGKILL itself at that point of step N; nothing else reads it.
@@ -346,19 +350,25 @@ class Ledger:
         return sorted((g for g in self.groups.values() if g.complete()), key=lambda g: g.ready_seq)
 
     def finish(self, group_ids: Iterable[str], step: int) -> None:
-        """Marks groups (and every trajectory buffered for them) done at `step`; they leave the buffer."""
+        """Marks groups (and every trajectory buffered for them) done at `step`; they leave the buffer.
+        A group not buffered at all (assigned, never arrived) is done too: its late samples are ignored."""
         for gid in group_ids:
             group = self.groups.pop(gid, None)
             if group is None:
+                self.done_groups[gid] = Done(step, ())
                 continue
             for tid, (_, position) in group.trajectories.items():
                 self.done_trajectories[tid] = Done(step, (position,))
             self.done_groups[gid] = Done(step, _latest_per_partition(group.positions()))
 
     def stale_groups(self, version: int, bound: int | None) -> list[GroupBuffer]:
+        """Groups whose newest generated token is more than `bound` versions old. Only groups whose
+        BatchReady arrived count (its max_version covers members not here yet): a member still to come
+        may be fresher."""
         if bound is None:
             return []
-        return [g for g in self.groups.values() if g.newest_version() >= 0 and version - g.newest_version() > bound]
+        return [g for g in self.groups.values()
+                if (g.ready is not None or g.solo) and 0 <= g.newest_version() < version - bound]
 
 
 # --- the service -------------------------------------------------------------------------------
@@ -526,7 +536,7 @@ class TrainerService:
             self.ledger.drop_trajectory(t, position, self._trainer.step)
             return
         if self.ledger.add_trajectory(t, position) == "late":
-            self._log("trajectory of a group already trained: not trained", logging.WARNING,
+            self._log("trajectory of a group already trained or dropped: ignored", logging.WARNING,
                       group=t.group_id, trajectory=t.trajectory_id)
 
     def _ours(self, a: Assignment) -> bool:
@@ -587,9 +597,11 @@ class TrainerService:
         pending = self._next_assignment()
         if pending is None or not pending.final:
             return
-        groups = [self.ledger.groups.get(g) for g in pending.group_ids]
+        ledger = self.ledger
+        here = all(gid in ledger.done_groups or (gid in ledger.groups and ledger.groups[gid].complete())
+                   for gid in pending.group_ids)
         waited = time.monotonic() - (pending.final_since or time.monotonic())
-        if all(g is not None and g.complete() for g in groups) or waited >= self.config.group_wait_s:
+        if here or waited >= self.config.group_wait_s:
             self.train(pending.group_ids, pending)
 
     def _next_assignment(self) -> PendingStep | None:
@@ -658,9 +670,9 @@ class TrainerService:
             result = trainer.train_step(trajectories, policy_version)
         except BatchError as e:  # raised before any weight changed: nothing here can be learned from
             self._log("step not run: nothing trainable", logging.ERROR, step=step, error=str(e))
-            ledger.finish(trained_groups, trainer.step)
+            ledger.finish(trained_groups + missing, trainer.step)
             return None
-        ledger.finish(trained_groups, result.step)
+        ledger.finish(trained_groups + missing, result.step)
         self._maybe_fault("kill-before-checkpoint", result.step)
         completed = dataclasses.replace(
             result.to_event(run_id=self.config.run_id, producer=self.producer_id),

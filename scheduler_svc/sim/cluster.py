@@ -1015,7 +1015,9 @@ class ClusterSim:
             overhead=sum(share[s] for s in OVERHEAD_STATES),
             mean_staleness=sum(lags) / len(lags) if lags else 0.0,
             max_staleness=max(lags) if lags else 0,
-            mean_token_staleness=sum(lag * n for lag, n in token_lags.items()) / trained_tokens if trained_tokens else 0.0,
+            mean_token_staleness=(
+                sum(lag * n for lag, n in token_lags.items()) / trained_tokens if trained_tokens else 0.0
+            ),
             max_token_staleness=max((lag for lag, n in token_lags.items() if n), default=0),
             waste=self.wasted_tokens / (tokens + self.wasted_tokens) if tokens + self.wasted_tokens else 0.0,
             aborted_groups=self.aborted_groups,

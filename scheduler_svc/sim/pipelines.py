@@ -50,6 +50,4 @@ def pipeline_policy(
         policy = spatiotemporal(train_resources, max_staleness=eta)
     else:
         raise ConfigError(f"unknown pipeline {name!r}; choose from {PIPELINES}")
-    return replace(
-        policy, strict_staleness=strict_staleness, straggler=straggler, max_regenerations=max_regenerations
-    )
+    return replace(policy, strict_staleness=strict_staleness, straggler=straggler, max_regenerations=max_regenerations)

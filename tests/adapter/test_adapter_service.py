@@ -369,6 +369,7 @@ def test_kafka_down_means_503_and_every_served_call_is_recorded(
             call()
         assert failure.value.status_code == 503
         assert failure.value.response.json()["error"]["code"] == "recording_unavailable"
+        refused = 1
         cluster.start()
         deadline = time.monotonic() + 90
         while True:  # the producer reconnects on its own; until then calls are refused, never served
@@ -377,9 +378,13 @@ def test_kafka_down_means_503_and_every_served_call_is_recorded(
                 break
             except openai.APIStatusError as e:
                 assert e.status_code == 503 and time.monotonic() < deadline
+                refused += 1
         call()
         ids = [c.call_id for c in recorded(bus, "llm.calls", ev.LLMCall)]
-        assert sorted(ids) == sorted(served) and len(served) == 4  # all served calls, each once, no others
+        assert len(served) == 4 and len(ids) == len(set(ids))  # each call recorded at most once
+        assert set(served) <= set(ids)  # every served call is in the log
+        # a refused call may still have reached the log (its acknowledgement came too late): never more
+        assert len(ids) - len(served) <= refused
     finally:
         cluster.stop()
 

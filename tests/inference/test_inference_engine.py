@@ -281,3 +281,41 @@ def test_requests_leaving_mid_flight_keep_the_others_exact(
             expected = full_forward_logprobs(reference_models[0], prompt, result.output_ids)
             assert max(abs(a - b) for a, b in zip(expected, result.output_logprobs, strict=True)) <= 1e-4
         assert small.stats().running == 0
+
+
+def test_bfloat16_engine_tracks_a_bfloat16_forward(tiny_model_dir: Path, full_forward_logprobs: ForwardFn) -> None:
+    from transformers import AutoModelForCausalLM
+
+    reference = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.bfloat16).eval()
+    with NativeEngine(tiny_model_dir, dtype="bfloat16", max_context=256) as half:
+        result = half.generate(PROMPTS[1], long_run(seed=2, max_new_tokens=30))
+    expected = full_forward_logprobs(reference, PROMPTS[1], result.output_ids)
+    assert max(abs(a - b) for a, b in zip(expected, result.output_logprobs, strict=True)) <= 0.05
+
+
+def test_prefix_cache_reuses_a_previous_call_exactly(
+    tiny_model_dir: Path,
+    perturbed_model_dir: Path,
+    reference_models: dict[int, torch.nn.Module],
+    full_forward_logprobs: ForwardFn,
+) -> None:
+    """An agent's next turn extends its previous call: only the new tokens are prefilled."""
+    with NativeEngine(tiny_model_dir, max_running_requests=4, max_context=512, prefix_cache_slots=2) as cached:
+        first_prompt = list(range(10, 60))
+        first = cached.generate(first_prompt, long_run(seed=1, max_new_tokens=30))
+        assert first.cached_tokens == 0
+        turn = first_prompt + first.output_ids + [258, 10, 257, 97, 98]
+        second = cached.generate(turn, long_run(seed=2, max_new_tokens=20))
+        assert second.cached_tokens == len(first_prompt) + 30 - 1  # the last sampled token was never fed
+        expected = full_forward_logprobs(reference_models[0], turn, second.output_ids)
+        assert max(abs(a - b) for a, b in zip(expected, second.output_logprobs, strict=True)) <= 1e-4
+        other = cached.generate([5] * 40, long_run(seed=3, max_new_tokens=5))
+        assert other.cached_tokens == 0
+        assert cached.flush_cache()
+        assert cached.generate(turn, long_run(seed=2, max_new_tokens=20)).cached_tokens == 0
+        cached.generate(turn, long_run(seed=2, max_new_tokens=20))
+        cached.update_weights_from_disk(perturbed_model_dir, 1)  # old-weight KV must not be reused
+        after_swap = cached.generate(turn + [1, 2], long_run(seed=2, max_new_tokens=5))
+        assert after_swap.cached_tokens == 0
+        expected = full_forward_logprobs(reference_models[1], turn + [1, 2], after_swap.output_ids)
+        assert max(abs(a - b) for a, b in zip(expected, after_swap.output_logprobs, strict=True)) <= 1e-4

@@ -8,6 +8,7 @@ and its decisions is completed exactly once on restart; `sflow replay scheduler`
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -15,18 +16,19 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
 from bus.config import BusConfig
+from bus.consumer import EventConsumer, unique_group
 from bus.producer import EventProducer
-from bus.replay import replay
 from scheduler_svc.config import SchedulerServiceConfig
-from scheduler_svc.errors import ConfigError
+from scheduler_svc.errors import ConfigError, ReplayError
 from scheduler_svc.journal import Source, decision_event_id
-from scheduler_svc.service import read_journal, rebuild
+from scheduler_svc.service import new_scheduler, read_journal, rebuild
 from schemas import events as ev
 from schemas.packed import Float32s, Int32s, UInt8s
 
@@ -35,6 +37,7 @@ RUN = "run-t"
 INSTANCE = "scheduler-t"
 DECISION_TOPICS = ("scheduler", "control", "resources", "tasks", "weights", "train")
 JOURNAL_TYPES = (ev.SchedulerObserved, ev.SchedulerCheckpoint)
+E = TypeVar("E", bound=ev.Event)
 
 
 # --- helpers -----------------------------------------------------------------------------------
@@ -140,19 +143,46 @@ def wait_observed(bus: BusConfig, records: int, service: Service, timeout_s: flo
     raise AssertionError(f"no checkpoint of {records} records after {timeout_s}s:\n{service.tail()}")
 
 
-def decision_events(bus: BusConfig) -> list[ev.Event]:
-    """Every decision event the scheduler published (journal records excluded), duplicates included."""
-    return [r.event for r in replay(bus, DECISION_TOPICS).events
-            if r.event.producer == INSTANCE and not isinstance(r.event, JOURNAL_TYPES)]
+class Decisions:
+    """The scheduler's decision events (journal records excluded), collected from the decision topics
+    as they are published; duplicates are kept, so a re-emitted decision shows."""
+
+    def __init__(self, bus: BusConfig) -> None:
+        self.consumer = EventConsumer(bus, unique_group("decisions"), DECISION_TOPICS)
+        self.events: list[ev.Event] = []
+
+    def collect(self, seconds: float) -> list[ev.Event]:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            self._poll()
+        return self.events
+
+    def until(self, ids: Iterable[str], timeout_s: float = 30.0) -> list[ev.Event]:
+        wanted = set(ids)
+        deadline = time.monotonic() + timeout_s
+        while not wanted <= {e.event_id for e in self.events} and time.monotonic() < deadline:
+            self._poll()
+        return self.events
+
+    def _poll(self) -> None:
+        for r in self.consumer.poll(0.2):
+            if r.event.producer == INSTANCE and not isinstance(r.event, JOURNAL_TYPES):
+                self.events.append(r.event)
+
+    def of_type(self, cls: type[E]) -> list[E]:
+        return [e for e in self.events if isinstance(e, cls)]
+
+    def close(self) -> None:
+        self.consumer.close()
 
 
-def in_decision_order(bus: BusConfig, journal: list[ev.Event]) -> list[ev.Event]:
+def in_decision_order(decisions: Decisions, journal: list[ev.Event]) -> list[ev.Event]:
     """The decision events the journal accounts for, in decision order; each must be published once."""
-    published = decision_events(bus)
-    copies = Counter(e.event_id for e in published)
-    by_id = {e.event_id: e for e in published}
     ids = [decision_event_id(RUN, e.event_seq + i) for e in journal if isinstance(e, ev.SchedulerObserved)
            for i in range(e.num_events)]
+    published = decisions.until(ids)
+    copies = Counter(e.event_id for e in published)
+    by_id = {e.event_id: e for e in published}
     assert [i for i in ids if copies[i] != 1] == [], "decision events missing or published twice"
     assert len(published) == len(ids), "published decision events the journal does not account for"
     return [by_id[i] for i in ids]
@@ -237,6 +267,7 @@ def test_scripted_inputs_give_the_expected_decisions_and_a_sigkilled_service_res
     dataset = write_dataset(tmp_path / "tasks.jsonl", 12)
     service = Service(bus_config, tmp_path, dataset).start()
     producer = EventProducer(bus_config, producer_id="pytest")
+    decisions = Decisions(bus_config)
     records = 0
     shown = 0
 
@@ -246,7 +277,7 @@ def test_scripted_inputs_give_the_expected_decisions_and_a_sigkilled_service_res
         for e in events:
             producer.publish_sync(e)
         records += len(events)
-        ordered = in_decision_order(bus_config, wait_observed(bus_config, records, service))
+        ordered = in_decision_order(decisions, wait_observed(bus_config, records, service))
         new, shown = ordered[shown:], len(ordered)
         return [brief(e) for e in new]
 
@@ -286,8 +317,7 @@ def test_scripted_inputs_give_the_expected_decisions_and_a_sigkilled_service_res
             *dispatched("t4@0", "t5@0"),
         ]
         # r0 and r1 report WeightsLoaded, r2 acknowledges its LoadWeights command
-        load_r2 = next(e for e in decision_events(bus_config)
-                       if isinstance(e, ev.LoadWeights) and e.resource_id == "r2")
+        load_r2 = next(e for e in decisions.of_type(ev.LoadWeights) if e.resource_id == "r2")
         ack = ev.ControlAck(resource_id="r2", command_id=load_r2.event_id, command="LoadWeights", ok=True,
                             correlation_id="r2")
         assert send(loaded("r0", 1), loaded("r1", 1), ack) == [
@@ -309,16 +339,16 @@ def test_scripted_inputs_give_the_expected_decisions_and_a_sigkilled_service_res
             ("TagTransition", "r1", "node_failure", "capability:rollout>"),
             ("TagTransition", "r1", "node_failure", "activity:rollout>offline"),
         ]
-        completed = {e.group_id: e for e in decision_events(bus_config) if isinstance(e, ev.TaskCompleted)}
+        completed = {e.group_id: e for e in decisions.of_type(ev.TaskCompleted)}
         assert completed["t0@0"].mean_reward == pytest.approx(0.5)
-        train_data = next(e for e in decision_events(bus_config) if isinstance(e, ev.TrainData))
+        train_data = decisions.of_type(ev.TrainData)[0]
         assert train_data.staleness_histogram == (6,)  # t0@0: 3 generated tokens x 2 samples, lag 0
 
         before = service.saved_state()
         assert before == service.dump_state()  # the journal rebuilds what the running service holds
         core = before["core"]
         assert core["rollout"]["version"] == 1 and not core["pool"]["resources"]["r1"]["alive"]
-        published_before = len(decision_events(bus_config))
+        published_before = len(decisions.events)
 
         service.kill()
         os.utime(service.state_file, (0, 0))
@@ -329,7 +359,7 @@ def test_scripted_inputs_give_the_expected_decisions_and_a_sigkilled_service_res
         assert service.saved_state() == before
         assert service.dump_state() == before
         time.sleep(1.0)
-        assert len(decision_events(bus_config)) == published_before  # nothing re-emitted
+        assert len(decisions.collect(1.0)) == published_before  # nothing re-emitted
 
         # the restarted service carries on: r1 comes back and loads the current weights
         assert send(registered("r1")) == [
@@ -358,6 +388,7 @@ def test_scripted_inputs_give_the_expected_decisions_and_a_sigkilled_service_res
         assert checked >= 8  # one recorded state per batch (snapshot interval 0)
         assert json.loads(replayed.stdout[replayed.stdout.index("\n{") :]) == service.saved_state()
     finally:
+        decisions.close()
         producer.close()
         service.stop()
     assert service.proc is not None and service.proc.returncode == 0, service.tail()
@@ -372,12 +403,13 @@ def test_loader_neither_loses_nor_repeats_tasks_across_a_crash_mid_stream(
     dataset = write_dataset(tmp_path / "tasks.jsonl", 40)
     service = Service(bus_config, tmp_path, dataset, **{"max-staleness": 3}).start()
     producer = EventProducer(bus_config, producer_id="pytest")
+    decisions = Decisions(bus_config)
     try:
         service.wait_consuming()
         for rid in ("r0", "r1"):
             producer.publish_sync(registered(rid))
         journal = wait_observed(bus_config, 2, service)
-        dispatched_groups = [e.group_id for e in in_decision_order(bus_config, journal)
+        dispatched_groups = [e.group_id for e in in_decision_order(decisions, journal)
                              if isinstance(e, ev.TaskDispatched)]
         assert dispatched_groups == ["t0@0", "t1@0", "t2@0", "t3@0"]
         # a stream of trajectories for the four groups; SIGKILL lands in the middle of it
@@ -393,7 +425,7 @@ def test_loader_neither_loses_nor_repeats_tasks_across_a_crash_mid_stream(
         service.wait_consuming()
         # every trajectory is one journal record, whichever process handled it
         journal = wait_observed(bus_config, 2 + len(stream), service)
-        ordered = in_decision_order(bus_config, journal)
+        ordered = in_decision_order(decisions, journal)
         done = [e.group_id for e in ordered if isinstance(e, ev.TaskCompleted)]
         assert sorted(done) == dispatched_groups  # none lost, none twice
         dispatches = [e for e in ordered if isinstance(e, ev.TaskDispatched)]
@@ -405,6 +437,7 @@ def test_loader_neither_loses_nor_repeats_tasks_across_a_crash_mid_stream(
         assert len(set(sources)) == len(sources)  # no input journaled twice
         assert service.dump_state() == service.saved_state()
     finally:
+        decisions.close()
         producer.close()
         service.stop()
 
@@ -417,6 +450,7 @@ def test_a_batch_cut_between_journal_and_decisions_is_completed_once_on_restart(
     dataset = write_dataset(tmp_path / "tasks.jsonl", 12)
     service = Service(bus_config, tmp_path, dataset).start()
     producer = EventProducer(bus_config, producer_id="pytest")
+    decisions = Decisions(bus_config)
     try:
         service.wait_consuming()
         producer.publish_sync(registered("r0"))
@@ -441,7 +475,7 @@ def test_a_batch_cut_between_journal_and_decisions_is_completed_once_on_restart(
         log = service.wait_consuming()
         assert "unconfirmed_records=1" in log and "republished=4" in log
         journal = wait_observed(bus_config, 2, service)
-        ordered = in_decision_order(bus_config, journal)  # every decision exactly once
+        ordered = in_decision_order(decisions, journal)  # every decision exactly once
         assert [brief(e) for e in ordered[-6:]] == [
             ("TagTransition", "r1", "placement", "capability:>rollout"),
             *rollout_on("r1", "resource_added"), *dispatched("t2@0", "t3@0"),
@@ -451,7 +485,21 @@ def test_a_batch_cut_between_journal_and_decisions_is_completed_once_on_restart(
         time.sleep(1.0)
         assert len([e for e in read_journal(bus_config, RUN) if isinstance(e.event, ev.SchedulerObserved)]) == 2
         assert service.dump_state() == rebuilt.scheduler.state()
+
+        # `sflow replay scheduler` reports a recorded state that the journal does not rebuild
+        last = [r for r in read_journal(bus_config, RUN) if isinstance(r.event, ev.SchedulerCheckpoint)][-1]
+        assert isinstance(last.event, ev.SchedulerCheckpoint) and last.event.state
+        tampered = json.loads(last.event.state)
+        tampered["core"]["loader"]["cursor"] += 1
+        forged = dataclasses.replace(last.event, event_id="forged", state=json.dumps(tampered))
+        at = producer.publish_sync(forged).offset
+        out = subprocess.run([sys.executable, "-m", "infra.cli", "replay", "scheduler", "--run-id", RUN, "--from",
+                              str(at)], cwd=REPO, env=service.env(), capture_output=True, text=True, timeout=120)
+        assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
+        assert "1 recorded states checked, MISMATCH" in out.stdout
+        assert "core.loader.cursor" in out.stdout and "differs" in out.stdout
     finally:
+        decisions.close()
         producer.close()
         service.stop()
 
@@ -479,3 +527,45 @@ def test_config_errors_name_the_field_and_the_value(tmp_path: Path) -> None:
     assert SchedulerServiceConfig.from_decision_config(recorded, bus=bus).decision_config() == recorded
     other = SchedulerServiceConfig.build(bus=bus, dataset=dataset, policy="disaggregated", train_resources=3)
     assert other.decision_differences(recorded) == ["train_resources: recorded 2, now 3"]
+
+
+@pytest.mark.unit
+def test_journal_replays_to_byte_identical_events_and_filters_what_is_no_input(tmp_path: Path) -> None:
+    config = config_of(BusConfig(), write_dataset(tmp_path / "tasks.jsonl", 12))
+    live = new_scheduler(config)
+    inputs: list[ev.Event] = [registered("r0"), registered("r1")]
+    inputs += [trajectory("t0@0", 0, 1.0), trajectory("t0@0", 0, 1.0)]  # the second is a redelivery
+    inputs += [trajectory("t0@0", 1, 0.0), batch_ready("t0@0"), batch_ready("t1@0")]
+    inputs += [step_done(0, 1), published(1, 0), loaded("r0", 1), loaded("r0", 1)]  # a duplicate load report
+    inputs += [ev.ResourceLost(resource_id="r1", reason="x", producer=INSTANCE)]  # its own decision: no input
+    steps = []
+    for offset, e in enumerate(inputs):
+        facts = live.input_of(e)
+        step = None if facts is None else live.observe(facts, Source("t", 0, offset), e.ts_ms)
+        steps.append(step)
+    kept = [s for s in steps if s is not None]
+    assert [s is None for s in steps] == [False, False, False, True, False, True, False,
+                                          False, False, False, True, True]
+    assert live.seen(Source("t", 0, 9)) and not live.seen(Source("t", 0, 12)) and not live.seen(Source("t", 1, 0))
+    rebuilt = new_scheduler(config)
+    again = rebuilt.replay_all([s.record for s in kept])
+    assert rebuilt.state() == live.state()
+    assert [[ev.encode_event(e) for e in s.events] for s in again] == [[ev.encode_event(e) for e in s.events]
+                                                                       for s in kept]
+    ids = [e.event_id for s in kept for e in s.events]
+    assert ids == [decision_event_id(RUN, i) for i in range(len(ids))]
+    with pytest.raises(ReplayError, match="replayed after"):
+        rebuilt.replay(kept[0].record)
+
+
+@pytest.mark.unit
+def test_sflow_sim_forwards_its_arguments_to_the_simulator() -> None:
+    from typer.testing import CliRunner
+
+    from infra.cli import app
+
+    runner = CliRunner()
+    shown = runner.invoke(app, ["sim", "--help"])
+    assert shown.exit_code == 0 and "--pipeline" in shown.output and "sflow sim" in shown.output
+    refused = runner.invoke(app, ["sim", "--no-such-flag"])
+    assert refused.exit_code == 2 and "unrecognized arguments: --no-such-flag" in refused.output

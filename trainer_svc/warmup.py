@@ -1,0 +1,135 @@
+"""Supervised warm-up on chat conversations: the short pre-training DESIGN.md §5 allows for the default
+model, so an RL run starts from a policy that already emits the task's format (tool calls, answers)
+and GRPO has reward variance to learn from.
+
+Only assistant tokens are in the loss: each assistant turn's span is found by rendering the
+conversation up to that turn with and without it through the model's own chat template, the same
+rendering the capture proxy uses, so the warm-up teaches exactly the token sequences the agent will
+produce. `python -m trainer_svc.warmup --model DIR --out DIR --task arithmetic --steps N`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import random
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainer_svc.errors import TrainerError
+
+log = logging.getLogger("sflow.trainer.warmup")
+
+Conversation = list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Example:
+    """One conversation as token ids with a mask of the assistant-written tokens."""
+
+    input_ids: list[int]
+    loss_mask: list[int]
+
+
+def _render(tokenizer: Any, messages: Conversation, tools: Sequence[dict[str, Any]] | None, gen: bool) -> list[int]:
+    ids = tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=gen, tokenize=True)
+    if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+        ids = ids["input_ids"]
+    return list(ids)
+
+
+def to_example(tokenizer: Any, messages: Conversation, tools: Sequence[dict[str, Any]] | None) -> Example:
+    full = _render(tokenizer, messages, tools, gen=False)
+    mask = [0] * len(full)
+    for i, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        start = len(_render(tokenizer, messages[:i], tools, gen=True))
+        end = len(_render(tokenizer, messages[: i + 1], tools, gen=False))
+        if full[:end] != _render(tokenizer, messages[: i + 1], tools, gen=False):
+            raise TrainerError("chat template is not prefix-stable: cannot locate assistant tokens")
+        for k in range(start, end):
+            mask[k] = 1
+    return Example(full, mask)
+
+
+def supervised_warmup(
+    model_dir: Path,
+    out_dir: Path,
+    conversations: Sequence[Conversation],
+    tools: Sequence[dict[str, Any]] | None = None,
+    steps: int = 200,
+    batch_size: int = 8,
+    lr: float = 2e-3,
+    seed: int = 0,
+) -> Path:
+    """Trains on the assistant tokens of `conversations` and saves an HF directory at `out_dir`."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if steps < 1 or batch_size < 1:
+        raise TrainerError(f"steps and batch_size must be >= 1, got steps={steps} batch_size={batch_size}")
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model.train()
+    examples = [to_example(tokenizer, c, tools) for c in conversations]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    for step in range(steps):
+        batch = [examples[rng.randrange(len(examples))] for _ in range(batch_size)]
+        width = max(len(e.input_ids) for e in batch)
+        ids = torch.full((len(batch), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(batch), width), dtype=torch.float32)
+        attention = torch.zeros((len(batch), width), dtype=torch.long)
+        for row, e in enumerate(batch):
+            n = len(e.input_ids)
+            ids[row, :n] = torch.tensor(e.input_ids)
+            mask[row, :n] = torch.tensor(e.loss_mask, dtype=torch.float32)
+            attention[row, :n] = 1
+        logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1]
+        target = ids[:, 1:]
+        token_loss = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.size(-1)), target.reshape(-1), reduction="none"
+        ).view_as(target)
+        weights = mask[:, 1:]
+        loss = (token_loss * weights).sum() / weights.sum().clamp(min=1.0)
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        if step % 50 == 0 or step == steps - 1:
+            log.info("warm-up step", extra={"step": step, "loss": round(float(loss), 4)})
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)
+    for name in ("generation_config.json",):
+        if (model_dir / name).exists() and not (out_dir / name).exists():
+            shutil.copy(model_dir / name, out_dir / name)
+    return out_dir
+
+
+def main(argv: list[str] | None = None) -> None:
+    from agents_adapter.agents import CALCULATOR_TOOL, make_arithmetic_tasks
+    from infra.toy_task import ideal_conversation
+
+    parser = argparse.ArgumentParser(prog="python -m trainer_svc.warmup", description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--tasks", type=int, default=512)
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=1000)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level="INFO")
+    tasks = make_arithmetic_tasks(args.tasks, seed=args.seed)
+    supervised_warmup(args.model, args.out, [ideal_conversation(t) for t in tasks], [CALCULATOR_TOOL],
+                      steps=args.steps, seed=args.seed)
+
+
+if __name__ == "__main__":
+    main()
