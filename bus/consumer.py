@@ -192,6 +192,26 @@ class EventConsumer:
             if not batch and on_idle is not None:
                 on_idle()
 
+    def partitions(self, topic: str, timeout_s: float = 30.0) -> list[int]:
+        """Partition numbers of a full topic name."""
+        try:
+            meta = self._consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
+        except KafkaException as e:
+            raise ConsumeError(f"cannot read metadata of {topic}: {e}") from e
+        if meta is None or meta.error is not None:
+            raise ConsumeError(f"topic {topic} is not available: {meta.error if meta else 'missing'}")
+        return sorted(meta.partitions)
+
+    def assign(self, starts: dict[tuple[str, int], int | None]) -> None:
+        """Reads exactly these partitions from these offsets (None: the beginning), outside any
+        group rebalance: for services that keep their own offsets (e.g. in a checkpoint)."""
+        tps = [TopicPartition(t, p, OFFSET_BEGINNING if o is None else o) for (t, p), o in starts.items()]
+        try:
+            self._consumer.unsubscribe()
+            self._consumer.assign(tps)
+        except KafkaException as e:
+            raise ConsumeError(f"cannot assign {len(tps)} partitions: {e}") from e
+
     def seek_to_beginning(self) -> None:
         for tp in self._consumer.assignment():
             self._consumer.seek(TopicPartition(tp.topic, tp.partition, OFFSET_BEGINNING))

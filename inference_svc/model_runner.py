@@ -122,12 +122,9 @@ class BatchRunner:
         self._rotary: Any = inner.rotary_emb
         self._lm_head: Any = model.lm_head
         self._layers = [_FusedLayer(layer, self.shape) for layer in inner.layers]
-        d = self.shape.head_dim
-        half = d // 2
-        rotation = torch.zeros(d, d, dtype=model.dtype, device=self.device)  # x @ rotation == rotate_half(x)
-        rotation[torch.arange(half, d), torch.arange(half)] = -1.0
-        rotation[torch.arange(half), torch.arange(half, d)] = 1.0
-        self._rotation = rotation
+        half = self.shape.head_dim // 2
+        # rotate_half(x) == roll(x, half) * sign: the sign is folded into sin once per step
+        self._rope_sign = torch.cat([-torch.ones(half), torch.ones(half)]).to(model.dtype).to(self.device)
 
     def refresh(self) -> None:
         """Re-reads the derived per-head norm weights (call after the model's weights changed)."""
@@ -165,12 +162,18 @@ class BatchRunner:
 
         hidden = self._embed(ids)
         cos, sin = self._rotary(hidden, positions)
-        cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)  # [B, N, 1, D]: broadcast over heads
-        if decode:  # additive mask, shared by the grouped query heads of every layer
-            mask = torch.zeros(allowed.shape, dtype=hidden.dtype, device=device).masked_fill_(~allowed, float("-inf"))
+        cos, sin = cos.unsqueeze(2), (sin * self._rope_sign).unsqueeze(2)  # [B, N, 1, D]: broadcast over heads
+        if decode:  # additive mask for the grouped scores [B * kv_heads, group, L], shared by every layer
+            shape = self.shape
+            mask = (
+                torch.zeros(allowed.shape, dtype=hidden.dtype, device=device)
+                .masked_fill_(~allowed, float("-inf"))
+                .expand(batch, shape.num_kv_heads, shape.num_heads // shape.num_kv_heads, kv_len)
+                .reshape(batch * shape.num_kv_heads, -1, kv_len)
+            )
         for layer_idx, layer in enumerate(self._layers):
             cache_k, cache_v = self.cache.keys[layer_idx], self.cache.values[layer_idx]
-            q, k, v = layer.project_qkv(hidden, cos, sin, self._rotation)  # [B, N, heads, D]
+            q, k, v = layer.project_qkv(hidden, cos, sin)  # [B, N, heads, D]
             if decode:
                 cache_k[write_slot, :, write_pos] = k[:, 0].to(cache_k.dtype)
                 cache_v[write_slot, :, write_pos] = v[:, 0].to(cache_v.dtype)
@@ -180,7 +183,7 @@ class BatchRunner:
                 cache_v[write_slot, :, write_pos] = v[write_b, write_i].to(cache_v.dtype)
                 out = F.scaled_dot_product_attention(
                     q.transpose(1, 2), cache_k[rows, :, :kv_len], cache_v[rows, :, :kv_len], attn_mask=allowed,
-                    scale=layer.scaling, enable_gqa=self.shape.num_kv_heads != self.shape.num_heads,
+                    scale=layer.sdpa_scale, enable_gqa=self.shape.num_kv_heads != self.shape.num_heads,
                 ).transpose(1, 2).reshape(batch, width, -1)
             hidden = layer.finish(hidden, out)
         last = torch.tensor(lengths, device=device) - 1
@@ -210,13 +213,22 @@ class _FusedLayer:
         self.refresh()
 
     def refresh(self) -> None:
+        """Per-head q/k norm weights, with the attention scale folded into the q heads' weights."""
         if self.q_norm is not None and self.k_norm is not None:
             self.qk_norm_weight = torch.cat(
-                [self.q_norm.weight.expand(self.heads, -1), self.k_norm.weight.expand(self.kv_heads, -1)]
+                [self.q_norm.weight.expand(self.heads, -1) * self.scaling, self.k_norm.weight.expand(self.kv_heads, -1)]
             )
 
+    @property
+    def q_prescaled(self) -> bool:
+        return self.qk_norm_weight is not None
+
+    @property
+    def sdpa_scale(self) -> float:
+        return 1.0 if self.q_prescaled else self.scaling
+
     def project_qkv(
-        self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotation: torch.Tensor
+        self, hidden: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         batch, width = hidden.shape[:2]
         qkv = F.linear(_rms(hidden, self.ln1), self.qkv_weight, self.qkv_bias)
@@ -225,23 +237,35 @@ class _FusedLayer:
         if self.qk_norm_weight is not None:
             assert self.q_norm is not None
             qk = _rms_with(qk, self.qk_norm_weight, self.q_norm.variance_epsilon)
-        qk = qk * cos + torch.matmul(qk, rotation) * sin  # rotary embedding of q and k at once
+        qk = qk * cos + torch.roll(qk, self.head_dim // 2, dims=-1) * signed_sin  # rotary on q and k at once
         return qk[:, :, : self.heads], qk[:, :, self.heads :], qkv[:, :, self.heads + self.kv_heads :]
 
     def decode_attention(
         self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor
     ) -> torch.Tensor:
         """One query per row: the query heads sharing a KV head attend as one [group, L] block."""
-        batch = q.shape[0]
-        grouped = q.reshape(batch, self.kv_heads, self.group, self.head_dim)
-        scores = torch.matmul(grouped, keys.transpose(-1, -2)).mul_(self.scaling).add_(mask)
-        out = torch.matmul(torch.softmax(scores, dim=-1), values)  # [B, KVH, G, D]
+        batch, length = q.shape[0], keys.shape[2]
+        grouped = q.reshape(batch * self.kv_heads, self.group, self.head_dim)
+        if not self.q_prescaled:
+            grouped = grouped * self.scaling
+        keys_t = keys.reshape(batch * self.kv_heads, length, self.head_dim).transpose(1, 2)
+        scores = torch.baddbmm(mask, grouped, keys_t)
+        out = torch.bmm(torch.softmax(scores, dim=-1), values.reshape(batch * self.kv_heads, length, self.head_dim))
         return out.reshape(batch, 1, self.heads * self.head_dim)
 
     def finish(self, hidden: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
-        hidden = hidden + self.o_proj(attn_out)
-        gate, up = F.linear(_rms(hidden, self.ln2), self.gate_up_weight).split(self.intermediate, dim=-1)
-        return hidden + self.down_proj(self.act(gate) * up)
+        shape = hidden.shape
+        flat = hidden.reshape(-1, shape[-1])
+        flat = _linear_plus(flat, attn_out.reshape(flat.shape[0], -1), self.o_proj)
+        gate, up = F.linear(_rms(flat, self.ln2), self.gate_up_weight).split(self.intermediate, dim=-1)
+        return _linear_plus(flat, self.act(gate) * up, self.down_proj).view(shape)
+
+
+def _linear_plus(residual: torch.Tensor, x: torch.Tensor, linear: Any) -> torch.Tensor:
+    """residual + linear(x) in one kernel."""
+    if linear.bias is not None:
+        return residual + linear(x)
+    return torch.addmm(residual, x, linear.weight.t())
 
 
 def _fuse_into_views(params: list[Any]) -> torch.Tensor:

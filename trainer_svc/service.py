@@ -445,27 +445,15 @@ class TrainerService:
 
         The partitions are assigned, not subscribed: this process alone decides where it reads, and a
         consumer-group rebalance can never move it."""
-        from confluent_kafka import OFFSET_BEGINNING, KafkaException, TopicPartition
-
-        # TODO(bus): `EventConsumer.assign(starts)` belongs in bus.consumer; until then the shell reaches
-        # into the wrapped confluent-kafka consumer here and nowhere else.
-        raw = self._consumer._consumer
-        starts: list[TopicPartition] = []
-        try:
-            raw.unsubscribe()
-            for name in self.topics:
-                topic = self.config.bus.topic(name)
-                meta = raw.list_topics(topic, timeout=30).topics.get(topic)
-                if meta is None or meta.error is not None:
-                    raise BusError(f"topic {topic} is not available: {meta.error if meta else 'missing'}")
-                for partition in sorted(meta.partitions):
-                    offset = self.ledger.next_offsets.get((topic, partition))
-                    self.ledger.next_offsets[(topic, partition)] = offset
-                    starts.append(TopicPartition(topic, partition, OFFSET_BEGINNING if offset is None else offset))
-            raw.assign(starts)
-        except KafkaException as e:
-            raise BusError(f"cannot assign the input partitions: {e}") from e
-        self._log("consuming", starts=",".join(f"{tp.topic}[{tp.partition}]@{tp.offset}" for tp in starts))
+        starts: dict[tuple[str, int], int | None] = {}
+        for name in self.topics:
+            topic = self.config.bus.topic(name)
+            for partition in self._consumer.partitions(topic):
+                offset = self.ledger.next_offsets.get((topic, partition))
+                self.ledger.next_offsets[(topic, partition)] = offset
+                starts[(topic, partition)] = offset
+        self._consumer.assign(starts)
+        self._log("consuming", starts=",".join(f"{t}[{p}]@{o}" for (t, p), o in starts.items()))
 
     def _republish_last_step(self, directory: Path) -> None:
         """The checkpoint was committed but its events may not have reached Kafka (crash in between)."""

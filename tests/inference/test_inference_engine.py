@@ -319,3 +319,22 @@ def test_prefix_cache_reuses_a_previous_call_exactly(
         assert after_swap.cached_tokens == 0
         expected = full_forward_logprobs(reference_models[1], turn + [1, 2], after_swap.output_ids)
         assert max(abs(a - b) for a, b in zip(expected, after_swap.output_logprobs, strict=True)) <= 1e-4
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_other_llama_family_models_decode_exactly(arch: str, tmp_path: Path, full_forward_logprobs: ForwardFn) -> None:
+    """No q/k norm (scale applied to q), qkv bias (Qwen2): the same batched path, checked against transformers."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    shape = dict(vocab_size=120, hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=6,
+                 num_key_value_heads=2, max_position_embeddings=256, eos_token_id=0)
+    torch.manual_seed(0)
+    model = (Qwen2ForCausalLM(Qwen2Config(**shape)) if arch == "qwen2" else LlamaForCausalLM(LlamaConfig(**shape)))
+    model.save_pretrained(tmp_path)
+    model.eval()
+    with NativeEngine(tmp_path, max_running_requests=4, max_context=256) as other:
+        futures = [other.submit(p, long_run(seed=i, max_new_tokens=25)) for i, p in enumerate([[1, 2, 3], [50] * 9])]
+        for prompt, future in zip([[1, 2, 3], [50] * 9], futures, strict=True):
+            result = future.result(timeout=30)
+            expected = full_forward_logprobs(model, prompt, result.output_ids)
+            assert max(abs(a - b) for a, b in zip(expected, result.output_logprobs, strict=True)) <= 1e-4
