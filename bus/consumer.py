@@ -88,6 +88,7 @@ class EventConsumer:
         config: BusConfig,
         group_id: str,
         topics: Iterable[str],
+        *,
         dlq: EventProducer | None = None,
         **overrides: Any,
     ) -> None:
@@ -191,6 +192,10 @@ class EventConsumer:
             self.commit()
             if not batch and on_idle is not None:
                 on_idle()
+
+    def assigned(self) -> bool:
+        """Whether the group gave this consumer its partitions yet."""
+        return bool(self._consumer.assignment())
 
     def partitions(self, topic: str, timeout_s: float = 30.0) -> list[int]:
         """Partition numbers of a full topic name."""

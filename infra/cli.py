@@ -7,7 +7,7 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -100,8 +100,8 @@ def tail(
     spec(topic)
     config = stack.bus_config("sflow-tail")
     offset_reset = "earliest" if from_beginning else "latest"
-    settings: dict[str, str] = {"auto.offset.reset": offset_reset}
-    consumer = EventConsumer(config, unique_group("sflow-tail"), [topic], None, **settings)
+    settings: dict[str, Any] = {"auto.offset.reset": offset_reset}
+    consumer = EventConsumer(config, unique_group("sflow-tail"), [topic], **settings)
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     shown = 0
