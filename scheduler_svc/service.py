@@ -355,10 +355,10 @@ class SchedulerService:
         now = time.monotonic()
         with_state = force_state or now - self._state_written_at >= self.config.snapshot_interval_s
         checkpoint = self.scheduler.checkpoint(with_state=with_state)
-        self.producer.publish_sync(checkpoint)
-        if with_state:
+        if with_state:  # first: whoever sees the checkpoint finds the file up to date
             self._state_written_at = now
             self._write_state_file(json.loads(checkpoint.state))
+        self.producer.publish_sync(checkpoint)
 
     def _write_state_file(self, state: dict[str, Any]) -> None:
         path = self.config.state_file

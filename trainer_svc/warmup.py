@@ -50,8 +50,9 @@ def to_example(tokenizer: Any, messages: Conversation, tools: Sequence[dict[str,
         if message["role"] != "assistant":
             continue
         start = len(_render(tokenizer, messages[:i], tools, gen=True))
-        end = len(_render(tokenizer, messages[: i + 1], tools, gen=False))
-        if full[:end] != _render(tokenizer, messages[: i + 1], tools, gen=False):
+        upto = full if i == len(messages) - 1 else _render(tokenizer, messages[: i + 1], tools, gen=False)
+        end = len(upto)
+        if full[:end] != upto:
             raise TrainerError("chat template is not prefix-stable: cannot locate assistant tokens")
         for k in range(start, end):
             mask[k] = 1
@@ -121,7 +122,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m trainer_svc.warmup", description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--tasks", type=int, default=512)
+    parser.add_argument("--tasks", type=int, default=128)
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--seed", type=int, default=1000)
     args = parser.parse_args(argv)

@@ -418,7 +418,7 @@ def test_loader_neither_loses_nor_repeats_tasks_across_a_crash_mid_stream(
             producer.publish(e)
             if i == 4:
                 producer.flush()
-                time.sleep(0.3)
+                time.sleep(0.05)  # the service is busy with the first five
                 service.kill()
         producer.flush()
         service.start()

@@ -1,0 +1,88 @@
+"""A run described as YAML (`infra/configs/demo.yaml`): typed, documented, validated at start-up."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from infra.errors import InfraError
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class KafkaSection(_Strict):
+    nodes: Literal[1, 3] = Field(default=1, description="1 broker, or 3 (RF 3, min ISR 2).")
+
+
+class ModelSection(_Strict):
+    warmup_tasks: int = Field(default=512, ge=1, description="Ideal conversations for the supervised warm-up.")
+    warmup_steps: int = Field(default=120, ge=0, description="Warm-up optimizer steps (0: start from random).")
+
+
+class TasksSection(_Strict):
+    count: int = Field(default=400, ge=1, description="Arithmetic tasks in the dataset.")
+    seed: int = Field(default=7, description="Seed of the task generator (distinct from the warm-up's).")
+
+
+class ResourceSection(_Strict):
+    id: str = Field(min_length=1, description="Resource id.")
+    cpus: tuple[int, ...] = Field(default=(), description="Cores the resource's processes may use.")
+    capabilities: tuple[Literal["rollout", "train", "reference", "critic"], ...] = ("rollout",)
+
+
+class InferenceSection(_Strict):
+    max_running_requests: int = Field(default=32, ge=1)
+    resources: tuple[ResourceSection, ...] = Field(min_length=1)
+
+
+class SchedulerSection(_Strict):
+    policy: Literal["colocated", "disaggregated", "spatiotemporal"] = "spatiotemporal"
+    train_resources: int = Field(default=1, ge=1)
+    train_batch_groups: int = Field(default=4, ge=1)
+    samples_per_task: int = Field(default=4, ge=2, description="GRPO needs at least 2 samples per group.")
+    max_staleness: int = Field(default=1, ge=0)
+
+
+class TrainerSection(_Strict):
+    learning_rate: float = Field(default=5e-4, gt=0)
+
+
+class AgentSection(_Strict):
+    concurrency: int = Field(default=16, ge=1)
+    max_turns: int = Field(default=3, ge=1)
+    max_tokens: int = Field(default=80, ge=1)
+    temperature: float = Field(default=1.0, gt=0)
+
+
+class RunSection(_Strict):
+    max_steps: int = Field(default=12, ge=1, description="Stop after this many train steps.")
+    max_minutes: float = Field(default=9.0, gt=0, description="Or after this much wall time.")
+
+
+class RunConfig(_Strict):
+    name: str = Field(default="demo", pattern=r"^[A-Za-z0-9_-]+$")
+    seed: int = 0
+    kafka: KafkaSection = KafkaSection()
+    model: ModelSection = ModelSection()
+    tasks: TasksSection = TasksSection()
+    inference: InferenceSection
+    scheduler: SchedulerSection = SchedulerSection()
+    trainer: TrainerSection = TrainerSection()
+    agent: AgentSection = AgentSection()
+    run: RunSection = RunSection()
+
+    @classmethod
+    def load(cls, path: Path) -> RunConfig:
+        try:
+            data = yaml.safe_load(path.read_text())
+        except (OSError, yaml.YAMLError) as e:
+            raise InfraError(f"cannot read run config {path}: {e}") from e
+        try:
+            return cls.model_validate(data or {})
+        except ValidationError as e:
+            raise InfraError(f"invalid run config {path}:\n{e}") from e
