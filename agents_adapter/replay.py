@@ -110,7 +110,7 @@ class ReplayReport:
         if len(self.differing) > 10:
             lines.append(f"    … (+{len(self.differing) - 10})")
         lines += [
-            f"  duplicates  {self.duplicates:>6}  (identical recorded copies: at-least-once redeliveries)",
+            f"  duplicates  {self.duplicates:>6}  (extra identical copies: at-least-once redeliveries)",
             f"  open        {len(self.open_sessions):>6}  (sessions still open at the end of the range: not compared)",
         ]
         if self.recorded_but_open:
@@ -178,7 +178,8 @@ def replay_trajectories(
         if not copies:
             report.missing.append(tid)
             continue
-        report.duplicates += len(copies) - 1
+        expected = encode_event(trajectory)
+        report.duplicates += max(0, sum(raw == expected for raw in copies) - 1)
         difference = _first_difference_of_copies(trajectory, copies)
         if difference is None:
             report.matched.append(tid)

@@ -23,12 +23,14 @@ Topology (N = partitions of `llm.calls`, which must equal those of `sessions`)
 Table `sessions` (RocksDB, changelog `<app>-sessions-changelog`): one immutable entry per delta
     key  b"d" | u16 partition | u16 len | session id | u32 seq   value  `SessionDelta.to_bytes()`
     key  b"c" | u16 partition | u16 len | session id             value  i64 close ts (a tombstone)
-    Each state change of a session is written once, as its own entry: an LLM call costs one entry of
+    Each state change of a session is written once, as its own entry (never rewritten): an LLM call costs one entry of
     a ~60-byte header + ids + the tree delta (13 bytes per new token, 9 per re-claimed token, 13 per
     split, ~30 per call record), i.e. proportional to what the call added, never to the tree. A
-    SessionStarted or a waiting SessionEnded costs a header-only entry. Closing a session deletes its
-    entries (one changelog tombstone each, compacted away) and writes the close marker, which keeps
-    re-read inputs of a closed session from re-opening it until `closed_retention_ms` has passed.
+    SessionStarted or a waiting SessionEnded costs a header-only entry. Closing a session writes the
+    close marker, then deletes the entries (one changelog tombstone each, compacted away); the
+    marker keeps re-read inputs of a closed session from re-opening it until `closed_retention_ms`
+    has passed. Writes of one input reach the changelog in order, so a crash leaves a prefix of
+    them, and every prefix is a state a recovery can use (deltas 0..k; a marker with leftovers).
     The partition in the key lets a recovery put each entry back into its partition's assembler
     with the public table API alone. Recovery replays the entries in key order (= seq order).
 Table `groups`: b"g" | partition | group id -> JSON of a pending group (size, task, members; n is a
@@ -43,8 +45,12 @@ Delivery guarantee: effectively once
     deterministic and the tree does not depend on how inputs interleave), so a consumer that drops
     repeated event ids (`bus.dedupe.Deduplicator`) processes each trajectory exactly once. BatchReady
     copies share uuid5(group id) (their `ready_groups` counter may differ: it counts this worker's
-    batches since it started). `processing_guarantee="exactly_once"` (Faust transactions) is
-    accepted by the config; this module does not rely on it.
+    batches since it started).
+    Faust's processing_guarantee="exactly_once" is refused by the config: in faust-streaming 0.15.3
+    it puts a message into the transaction of its *destination* partition's group, so Trajectory
+    and BatchReady events (keyed by task group) would not commit atomically with the session-keyed
+    input that caused them; and with aiokafka 0.14 on Kafka 4.2 a worker stopped in that mode
+    hangs ("IllegalOperation: Not in the middle of a transaction").
 
 Local RocksDB ahead of the changelog
     Faust writes a table entry to RocksDB at once and to the changelog asynchronously. A worker
@@ -101,7 +107,7 @@ log = logging.getLogger("sflow.agents_adapter.trajectories")
 _LOG: Final = {"service": "trajectory-processor"}
 
 TICK_METRIC: Final = "trajectory_processor.tick"
-_GUARANTEES: Final = ("at_least_once", "exactly_once")
+_GUARANTEES: Final = ("at_least_once",)
 _LEVELS: Final = ("debug", "info", "warning", "error", "critical")
 
 
@@ -130,7 +136,8 @@ class ProcessorConfig:
     commit_interval_s: Faust's offset commit interval (how much a killed worker re-reads).
     session_timeout_s: Kafka consumer session timeout (how long a killed worker holds its
         partitions before the group rebalances them; the broker's minimum is 6 s).
-    processing_guarantee: "at_least_once" (default; see the module doc) or "exactly_once".
+    processing_guarantee: "at_least_once" only (effectively once with consumer dedupe; the module
+        doc says why Faust's "exactly_once" is refused).
     log_level: the worker's log level.
     """
 
@@ -161,7 +168,8 @@ class ProcessorConfig:
         if not 6 <= self.session_timeout_s <= 300:
             raise ConfigError(f"session_timeout_s must be in [6, 300] (broker limits), got {self.session_timeout_s!r}")
         if self.processing_guarantee not in _GUARANTEES:
-            raise ConfigError(f"processing_guarantee must be one of {_GUARANTEES}, got {self.processing_guarantee!r}")
+            raise ConfigError(f"processing_guarantee must be 'at_least_once' (outputs are deduplicated by event id;"
+                              f" see agents_adapter.trajectories), got {self.processing_guarantee!r}")
         if self.log_level.lower() not in _LEVELS:
             raise ConfigError(f"log_level must be one of {_LEVELS}, got {self.log_level!r}")
         self.assembler_config()  # validates producer, group_size, group_size_key, closed_retention_ms
@@ -697,6 +705,11 @@ def worker(config: ProcessorConfig) -> None:
     """Creates the topics, then runs the processor until it is stopped (SIGTERM / SIGINT)."""
     import faust
 
+    from aiokafka.codec import has_lz4
+
+    if not has_lz4():
+        log.error("Faust's Kafka client (aiokafka) cannot decompress lz4 batches, which bus.producer writes:"
+                  " install cramjam, or the worker stops at the first compressed input", extra=_LOG)
     processor = TrajectoryProcessor(config)
     processor.prepare_topics()
     log.info("trajectory processor %s on %s", processor.group_id, config.bus.bootstrap_servers, extra=_LOG)

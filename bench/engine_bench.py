@@ -41,6 +41,7 @@ class Args:
     repeats: int
     poisson_requests: int
     load: float
+    serving_rounds: int
     threads: int
 
 
@@ -50,8 +51,9 @@ def parse_args() -> Args:
     parser.add_argument("--prompt-len", type=int, default=32)
     parser.add_argument("--batch-sizes", default="1,16,64")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per point (the median is shown)")
-    parser.add_argument("--poisson-requests", type=int, default=160)
-    parser.add_argument("--load", type=float, default=0.8, help="arrival rate as a fraction of bs16 capacity")
+    parser.add_argument("--poisson-requests", type=int, default=120)
+    parser.add_argument("--load", type=float, default=0.6, help="arrival rate as a fraction of bs16 capacity")
+    parser.add_argument("--serving-rounds", type=int, default=2, help="alternating continuous/static runs")
     parser.add_argument(
         "--threads", type=int, default=1,
         help="torch threads for both sides (default 1: the ops of a 0.8M model are too small to split, and "
@@ -60,7 +62,7 @@ def parse_args() -> Args:
     ns = parser.parse_args()
     return Args(
         ns.new_tokens, ns.prompt_len, [int(b) for b in ns.batch_sizes.split(",")], ns.repeats,
-        ns.poisson_requests, ns.load, ns.threads,
+        ns.poisson_requests, ns.load, ns.serving_rounds, ns.threads,
     )
 
 
@@ -207,6 +209,23 @@ def serve_static(engine: NativeEngine, work: Workload, max_batch: int) -> Servin
     return _stats(work, started, finished)
 
 
+def serve_alternating(engine: NativeEngine, work: Workload, rounds: int) -> tuple[ServingStats, ServingStats]:
+    """Continuous and static runs alternate (C, S, C, S, ...); each metric is the median over rounds."""
+    runs: dict[str, list[ServingStats]] = {"continuous": [], "static": []}
+    for _ in range(rounds):
+        runs["continuous"].append(serve_continuous(engine, work))
+        runs["static"].append(serve_static(engine, work, max_batch=64))
+
+    def median(stats: list[ServingStats]) -> ServingStats:
+        return ServingStats(
+            throughput=statistics.median(s.throughput for s in stats),
+            p50_ms=statistics.median(s.p50_ms for s in stats),
+            p99_ms=statistics.median(s.p99_ms for s in stats),
+        )
+
+    return median(runs["continuous"]), median(runs["static"])
+
+
 def bench_swap(engine: NativeEngine, checkpoints: list[Path], rounds: int = 3) -> tuple[float, float, float]:
     """Median (pause_ms, load_ms, re-prefill ms until every request made a token under the new version)."""
     controller = InferenceController(engine, "bench")
@@ -254,8 +273,7 @@ def main() -> None:
             work = poisson_workload(args.poisson_requests, rate, args.prompt_len)
             print(f"serving {args.poisson_requests} Poisson arrivals at {rate:.0f} req/s "
                   f"(budgets 16..160 tokens):", flush=True)
-            continuous = serve_continuous(engine, work)
-            static = serve_static(engine, work, max_batch=64)
+            continuous, static = serve_alternating(engine, work, args.serving_rounds)
             pause_ms, load_ms, refill_ms = bench_swap(engine, [perturbed, model_dir])
 
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
@@ -264,12 +282,13 @@ def main() -> None:
           "CPU time the process used, which other jobs on the machine do not inflate as much)")
     print(f"{'measure':<44}{'hf generate':>14}{'native':>14}{'ratio':>9}")
     for bs, t in throughput.items():
-        print(f"{f'decode tok/s @ batch {bs}':<44}{t.hf_tps:>14.0f}{t.native_tps:>14.0f}{t.native_tps / t.hf_tps:>8.2f}x")
+        ratio = t.native_tps / t.hf_tps
+        print(f"{f'decode tok/s @ batch {bs}':<44}{t.hf_tps:>14.0f}{t.native_tps:>14.0f}{ratio:>8.2f}x")
     for bs, t in throughput.items():
         print(f"{f'decode tok/CPU-s @ batch {bs}':<44}{t.hf_cpu_tps:>14.0f}{t.native_cpu_tps:>14.0f}"
               f"{t.native_cpu_tps / t.hf_cpu_tps:>8.2f}x")
     print()
-    print(f"{'Poisson serving':<44}{'static':>14}{'continuous':>14}{'ratio':>9}")
+    print(f"{'Poisson serving (median of alternating runs)':<44}{'static':>14}{'continuous':>14}{'ratio':>9}")
     print(f"{'throughput tok/s':<44}{static.throughput:>14.0f}{continuous.throughput:>14.0f}"
           f"{continuous.throughput / static.throughput:>8.2f}x")
     print(f"{'p50 latency ms':<44}{static.p50_ms:>14.0f}{continuous.p50_ms:>14.0f}"

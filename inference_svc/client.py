@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 import httpx
 
-from inference_svc.engine import WeightUpdateResult
+from inference_svc.engine import EngineStats, WeightUpdateResult
 from inference_svc.errors import InferenceHTTPError
 from inference_svc.protocol import (
     ControlResponse,
@@ -129,6 +129,16 @@ class InferenceClient:
     async def weight_version(self) -> str | None:
         return (await self.model_info()).weight_version
 
+    async def engine_stats(self) -> dict[str, Any] | None:
+        """Our extension (/engine_stats); None from a server without it (SGLang)."""
+        try:
+            response = await self._call("GET", "/engine_stats")
+        except InferenceHTTPError as e:
+            if e.status_code == 404:
+                return None
+            raise
+        return dict(response.json())
+
     async def flush_cache(self) -> bool:
         try:
             await self._call("POST", "/flush_cache")
@@ -193,6 +203,16 @@ class RemoteEngineControl:
 
     def abort_all(self) -> int:
         return self._run(self._client.abort(abort_all=True))
+
+    def stats(self) -> EngineStats:
+        """What a Heartbeat reports; counts are -1 when the server (SGLang) does not expose them."""
+        reported = self._run(self._client.engine_stats())
+        if reported is not None:
+            return EngineStats(**reported)
+        return EngineStats(
+            running=-1, queued=-1, paused=False, weight_version=self.weight_version, tokens_generated=-1,
+            requests_finished=-1,
+        )
 
     @property
     def weight_version(self) -> int:

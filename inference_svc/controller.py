@@ -26,7 +26,7 @@ from urllib.parse import unquote, urlparse
 import torch
 
 from inference_svc.config import InferenceConfig
-from inference_svc.engine import PAUSE_MODES, WeightUpdateResult
+from inference_svc.engine import PAUSE_MODES, EngineStats, WeightUpdateResult
 from inference_svc.errors import InferenceError, InvalidRequestError
 
 logger = logging.getLogger(__name__)
@@ -44,6 +44,8 @@ class EngineControl(Protocol):
     ) -> WeightUpdateResult: ...
 
     def abort_all(self) -> int: ...
+
+    def stats(self) -> EngineStats: ...
 
     @property
     def weight_version(self) -> int: ...

@@ -4,9 +4,10 @@ The engine keeps one KV slot per running sequence in preallocated tensors ([slot
 head_dim] per layer, grown by doubling along the length axis). `extend` appends any number of new
 tokens to any set of slots in one batched forward: a decode step is the 1-token case, a prefill (or the
 re-prefill after a weight swap) is the many-token case, and a prefill that starts from a reused prefix
-is the case with a non-zero offset. The layer modules of the loaded `transformers` model are called
-directly (norms, projections, MLP, rotary embedding), so a weight swap into that model is seen by the
-next step and numerics match a full `model(input_ids)` forward.
+is the case with a non-zero offset. It computes the layers of the loaded `transformers` model itself
+(its parameters, rotary embedding and activation) with fewer kernels than `model.forward` (fused q/k/v
+and gate/up matrices whose slices *are* the model's parameters, so a weight swap into the model is
+seen by the next step); logprobs match a full `model(input_ids)` forward to ~1e-6 in float32.
 
 Supported: Llama-style attention with optional per-head q/k norms (Qwen3), qkv bias (Qwen2) and
 grouped-query attention, without sliding windows. Anything else is refused with `UnsupportedModelError`.

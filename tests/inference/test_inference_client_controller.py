@@ -130,6 +130,7 @@ def test_controller_over_http_loads_weights_and_reports_failures(
         for failed in (wrong_scheme, missing):
             assert not failed.ok and failed.version == 5 and failed.error
         assert not engine.paused and control.weight_version == 5
+        assert control.stats() == engine.stats()
         assert controller.on_pause("abort").num_requests == 0 and controller.paused
         assert controller.on_resume().paused_ms > 0 and not controller.paused
         assert controller.on_abort_all().num_aborted == 0

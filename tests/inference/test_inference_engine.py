@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -315,9 +316,9 @@ def test_prefix_cache_reuses_a_previous_call_exactly(
         assert cached.generate(turn, long_run(seed=2, max_new_tokens=20)).cached_tokens == 0
         cached.generate(turn, long_run(seed=2, max_new_tokens=20))
         cached.update_weights_from_disk(perturbed_model_dir, 1)  # old-weight KV must not be reused
-        after_swap = cached.generate(turn + [1, 2], long_run(seed=2, max_new_tokens=5))
+        after_swap = cached.generate([*turn, 1, 2], long_run(seed=2, max_new_tokens=5))
         assert after_swap.cached_tokens == 0
-        expected = full_forward_logprobs(reference_models[1], turn + [1, 2], after_swap.output_ids)
+        expected = full_forward_logprobs(reference_models[1], [*turn, 1, 2], after_swap.output_ids)
         assert max(abs(a - b) for a, b in zip(expected, after_swap.output_logprobs, strict=True)) <= 1e-4
 
 
@@ -326,8 +327,10 @@ def test_other_llama_family_models_decode_exactly(arch: str, tmp_path: Path, ful
     """No q/k norm (scale applied to q), qkv bias (Qwen2): the same batched path, checked against transformers."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-    shape = dict(vocab_size=120, hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=6,
-                 num_key_value_heads=2, max_position_embeddings=256, eos_token_id=0)
+    shape: dict[str, Any] = dict(
+        vocab_size=120, hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=6,
+        num_key_value_heads=2, max_position_embeddings=256, eos_token_id=0,
+    )
     torch.manual_seed(0)
     model = (Qwen2ForCausalLM(Qwen2Config(**shape)) if arch == "qwen2" else LlamaForCausalLM(LlamaConfig(**shape)))
     model.save_pretrained(tmp_path)

@@ -226,8 +226,8 @@ def test_config_is_validated_with_the_field_and_value_in_the_error() -> None:
         ProcessorConfig(ttl_ms=-5)
     with pytest.raises(ConfigError, match=r"session_timeout_s.*2"):
         ProcessorConfig(session_timeout_s=2)
-    with pytest.raises(ConfigError, match=r"processing_guarantee.*maybe"):
-        ProcessorConfig(processing_guarantee="maybe")
+    with pytest.raises(ConfigError, match=r"processing_guarantee.*'exactly_once'"):
+        ProcessorConfig(processing_guarantee="exactly_once")  # see agents_adapter.trajectories
     with pytest.raises(ConfigError, match="group_size"):
         ProcessorConfig(group_size=0)
     config = ProcessorConfig.from_args(["--ttl-ms", "1500", "--group-size", "4", "--no-wait-for-calls"])
@@ -546,4 +546,5 @@ def test_replay_rebuilds_the_recorded_trajectories_and_reports_tampering(
     assert report.matched == sorted(set(sessions) - {"p2"})
     text = report.render()
     assert "MISMATCH" in text and "p2: reward: rebuilt 1.0, recorded 0.5" in text
+    assert report.duplicates == 0  # the tampered copy is a difference, not a redelivery
     print("\n" + text)
