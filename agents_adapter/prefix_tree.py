@@ -66,6 +66,7 @@ from agents_adapter.errors import (
     UnknownCallError,
 )
 from schemas.events import LLMCall, TrajectoryNode
+from schemas.packed import Float32s, Int32s, UInt8s
 
 ROOT: Final = -1
 
@@ -631,10 +632,10 @@ class PrefixTree:
                 TrajectoryNode(
                     node_id=i,
                     parent=ids[n.parent.node_id] if n.parent else ROOT,
-                    token_ids=tuple(n.tokens.tolist()),
-                    loss_mask=tuple(n.mask.tolist()),
-                    logprobs=tuple(n.logprobs.tolist()),
-                    versions=tuple(n.versions.tolist()),
+                    token_ids=Int32s(n.tokens),
+                    loss_mask=UInt8s(n.mask),
+                    logprobs=Float32s(n.logprobs),
+                    versions=Int32s(n.versions),
                 )
                 for i, n in enumerate(ordered)
             )

@@ -425,6 +425,7 @@ class TrajectoryProcessor:
             except Exception as e:  # a poison message must not stop the processor
                 log.exception("input %s[%d]@%d failed", message.topic, message.partition, message.offset, extra=_LOG)
                 await self._dead_letter(message, f"processing failed: {type(e).__name__}: {e}")
+                self._rebuild_sessions(resync=False)  # the assembler may be ahead of the table now
 
     async def _on_input(self, p: int, topic: str, event: Event) -> None:
         part = self._partition(p)
@@ -489,9 +490,12 @@ class TrajectoryProcessor:
         return part
 
     async def _on_sessions_recovered(self) -> None:
-        """Rebuilds the assemblers of this worker's partitions from the table (after every rebalance)."""
+        """After every rebalance: the assemblers of this worker's partitions, rebuilt from the table."""
         resync = "sessions" in self._resync
         self._resync.discard("sessions")
+        self._rebuild_sessions(resync)
+
+    def _rebuild_sessions(self, resync: bool) -> None:
         deltas: dict[tuple[int, str], list[tuple[int, bytes]]] = defaultdict(list)
         tombstones: list[tuple[TableKey, int]] = []
         raw_items: list[tuple[bytes, bytes]] = []
@@ -704,7 +708,6 @@ class PublishFailed(AdapterError):
 def worker(config: ProcessorConfig) -> None:
     """Creates the topics, then runs the processor until it is stopped (SIGTERM / SIGINT)."""
     import faust
-
     from aiokafka.codec import has_lz4
 
     if not has_lz4():

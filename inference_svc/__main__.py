@@ -11,10 +11,15 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
 from inference_svc.config import InferenceConfig
+
+if TYPE_CHECKING:
+    from inference_svc.bus_shell import InferenceBusShell
+    from inference_svc.engine import NativeEngine
 
 _STANDARD_RECORD_KEYS = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
 
@@ -34,6 +39,12 @@ def parse_config(argv: list[str] | None = None) -> InferenceConfig:
         flag = "--" + name.replace("_", "-")
         if name == "sglang_args":
             parser.add_argument("--sglang-arg", dest=name, action="append", default=argparse.SUPPRESS,
+                                help=field.description)
+        elif name == "capabilities":
+            parser.add_argument("--capability", dest=name, action="append", default=argparse.SUPPRESS,
+                                help=field.description)
+        elif field.annotation is bool:
+            parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS,
                                 help=field.description)
         else:
             parser.add_argument(flag, dest=name, default=argparse.SUPPRESS, required=field.is_required(),
@@ -62,8 +73,39 @@ def main(argv: list[str] | None = None) -> None:
     import uvicorn
 
     from inference_svc.app import create_app
+    from inference_svc.engine import NativeEngine
 
-    uvicorn.run(create_app(config), host=config.host, port=config.port, log_level=config.log_level)
+    engine = NativeEngine.from_config(config)
+    app = create_app(config, engine=engine)
+    shell = _join_bus(config, engine) if config.join_bus else None
+    try:
+        uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level)
+    finally:
+        if shell is not None:
+            shell.stop()
+        engine.shutdown()
+
+
+def _join_bus(config: InferenceConfig, engine: NativeEngine) -> InferenceBusShell:
+    """Starts the bus shell (registration, heartbeats, control) for a native engine."""
+    from bus.config import BusConfig
+    from inference_svc.bus_shell import InferenceBusShell
+    from inference_svc.controller import InferenceController, describe_resource
+
+    if config.port == 0:
+        raise SystemExit("--join-bus needs a fixed --port: the registered endpoint must be reachable")
+    controller = InferenceController(engine, config.resource_id)
+    shell = InferenceBusShell(
+        BusConfig.from_env(client_id=f"infer-{config.resource_id}"),
+        controller,
+        describe_resource(config),
+        endpoint=config.advertise_url or f"http://{config.host}:{config.port}",
+        model=config.served_model_name,
+        capabilities=config.capabilities,
+        heartbeat_s=config.heartbeat_interval_s,
+    )
+    shell.start()
+    return shell
 
 
 if __name__ == "__main__":

@@ -72,6 +72,19 @@ class InferenceConfig(BaseModel):
     memory_bytes: int | None = Field(
         default=None, gt=0, description="Declared device memory in bytes (None = ask the device)."
     )
+    join_bus: bool = Field(
+        default=False,
+        description="Join the bus: register the resource, send heartbeats, obey control events (needs Kafka: "
+        "SFLOW_BOOTSTRAP / SFLOW_TOPIC_PREFIX).",
+    )
+    capabilities: tuple[Literal["rollout", "train", "reference", "critic"], ...] = Field(
+        default=("rollout",), description="Capability tags the resource may take (registered with it)."
+    )
+    served_model_name: str = Field(default="default", description="Model name of WeightsPublished/Loaded events.")
+    advertise_url: str | None = Field(
+        default=None, description="URL other services reach this engine at (None: http://host:port)."
+    )
+    heartbeat_interval_s: float = Field(default=2.0, gt=0, description="Seconds between heartbeats.")
     sglang_args: tuple[str, ...] = Field(
         default=(), description="Extra command-line flags passed to `sglang.launch_server`."
     )

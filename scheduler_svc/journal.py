@@ -26,8 +26,9 @@ Observations from events (t = the event's ts_ms / 1000):
     BatchReady          -> SampleCompleted for every sample of the group not reported yet
     TrainStepCompleted  -> TrainStepCompleted(assignment of the running step, step, new_version), held
     + WeightsPublished     until the version's WeightsPublished (its uri and sha256) is known
-    WeightsLoaded       -> WeightsLoaded
-    ControlAck          -> of a LoadWeights: ok -> WeightsLoaded; failed -> ResourceDown(load_weights_failed)
+    WeightsLoaded       -> WeightsLoaded (a second report of the same load is dropped)
+    ControlAck          -> of the resource's latest LoadWeights (command_id = its event id): ok ->
+                           WeightsLoaded; failed -> ResourceDown(load_weights_failed)
     clock tick          -> Tick (only when a heartbeat or batch timeout may fire)
 Decisions to events (each with `cause` where the event has a field for it):
     TagTransition -> TagTransition(cause)      Assignment -> Assignment(payload {cause, work, run_id})

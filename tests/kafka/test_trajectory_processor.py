@@ -478,7 +478,18 @@ def test_sigkilled_workers_lose_no_session_and_dedupe_leaves_each_trajectory_onc
     for sid, events in sessions.items():
         assert by_id[sid].nodes == core_tree(events).nodes(), sid
         assert by_id[sid].status == "completed"
-    print(f"\n{dedupe.duplicates} duplicate trajectory copies dropped by the consumer")
+    # the group stage survived the kills too: one BatchReady (after dedupe) per group of 4
+    groups = {f"g{i}": sorted(sid for sid in sessions if int(sid[1:]) // 4 == i) for i in range(n // 4)}
+    deadline = time.monotonic() + 30
+    while True:
+        batches = [r.event for r in replay(bus_config, ["trajectories"]).events if isinstance(r.event, BatchReady)]
+        firsts = {b.group_id: b for b in Deduplicator().filter(batches)}
+        if set(firsts) == set(groups) or time.monotonic() > deadline:
+            break
+        time.sleep(0.3)
+    assert {g: list(b.trajectory_ids) for g, b in firsts.items()} == groups
+    print(f"\n{dedupe.duplicates} duplicate trajectory copies and {len(batches) - len(firsts)} duplicate"
+          " BatchReady copies dropped by the consumer")
 
 
 @pytest.mark.kafka
