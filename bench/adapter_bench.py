@@ -26,6 +26,7 @@ import argparse
 import asyncio
 import os
 import random
+import shutil
 import socket
 import statistics
 import subprocess
@@ -170,6 +171,7 @@ def main() -> None:
                 proc.kill()
         if cluster is not None:
             cluster.stop()
+        shutil.rmtree(work, ignore_errors=True)
 
 
 async def measure(args: argparse.Namespace, codec: ChatCodec, engine_url: str, proxy_url: str, model: str,

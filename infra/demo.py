@@ -1,0 +1,267 @@
+"""The main job (`make demo`, `sflow train --config FILE`): a short agentic RL run through every service.
+
+It starts Kafka (unless one is running), makes the default model and warms it up on ideal
+tool-using conversations, writes the task dataset, launches the services — analytics sink,
+trajectory processor, scheduler, N inference resources pinned to their cores, trainer, capture
+proxy, rollout workers running the calculator agent through the OpenAI client — and follows the
+run on the bus with progress bars. At the end it prints a summary, draws charts under the run
+folder, and stops everything it started.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import secrets
+import shutil
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from bus.admin import ensure_topics
+from bus.config import BusConfig
+from infra import stack
+from infra.kafka.cluster import REPO_ROOT
+from infra.launcher import Launcher, ServiceSpec
+from infra.monitor import RunMonitor
+from infra.run_config import RunConfig
+
+log = logging.getLogger("sflow.demo")
+console = Console()
+MODEL_NAME = "sflow-default"
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    root: Path
+
+    @property
+    def model(self) -> Path:
+        return self.root / "model"
+
+    @property
+    def tasks(self) -> Path:
+        return self.root / "tasks.jsonl"
+
+    @property
+    def weights(self) -> Path:
+        return self.root / "weights"
+
+    @property
+    def analytics(self) -> Path:
+        return self.root / "analytics"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def prepare_model(config: RunConfig, paths: RunPaths) -> Path:
+    """Base model + supervised warm-up, cached by its settings under var/cache (a re-run is instant)."""
+    from agents_adapter.agents import CALCULATOR_TOOL, make_arithmetic_tasks
+    from inference_svc.default_model import create_default_model
+    from infra.toy_task import ideal_conversation
+    from trainer_svc.warmup import supervised_warmup
+
+    key = hashlib.sha256(json.dumps([config.model.model_dump(), config.seed, 1]).encode()).hexdigest()[:12]
+    cached = stack.VAR_DIR / "cache" / f"warm-{key}"
+    if not (cached / "model.safetensors").exists():
+        base = create_default_model(stack.VAR_DIR / "cache" / f"base-{key}")
+        if config.model.warmup_steps:
+            tasks = make_arithmetic_tasks(config.model.warmup_tasks, seed=1000 + config.seed)
+            with console.status(f"warm-up: {config.model.warmup_steps} supervised steps on ideal conversations"):
+                supervised_warmup(base, cached.with_suffix(".tmp"), [ideal_conversation(t) for t in tasks],
+                                  [CALCULATOR_TOOL], steps=config.model.warmup_steps, seed=config.seed)
+            cached.with_suffix(".tmp").rename(cached)
+        else:
+            shutil.copytree(base, cached)
+    shutil.copytree(cached, paths.model, dirs_exist_ok=True)
+    return paths.model
+
+
+def write_tasks(config: RunConfig, paths: RunPaths) -> None:
+    from agents_adapter.agents import make_arithmetic_tasks
+
+    with paths.tasks.open("w") as out:
+        for t in make_arithmetic_tasks(config.tasks.count, seed=config.tasks.seed):
+            out.write(json.dumps({"task_id": t.task_id, "question": t.question, "answer": t.answer}) + "\n")
+
+
+def service_specs(config: RunConfig, paths: RunPaths, bus: BusConfig, api_key: str) -> list[ServiceSpec]:
+    env = {
+        "SFLOW_BOOTSTRAP": bus.bootstrap_servers,
+        "SFLOW_TOPIC_PREFIX": bus.topic_prefix,
+        "SFLOW_REPLICATION": str(bus.replication_factor),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+    }
+    all_cpus = sorted(os.sched_getaffinity(0))
+    sched = config.scheduler
+    specs = [
+        ServiceSpec("analytics", "infra.analytics", ("--data-dir", str(paths.analytics)), env),
+        ServiceSpec("trajectories", "agents_adapter.trajectories",
+                    ("--data-dir", str(paths.root / "faust"), "--group-size", str(sched.samples_per_task),
+                     "--tick-interval-s", "1"), env),
+    ]
+    endpoints: list[str] = []
+    train_cpus: tuple[int, ...] = ()
+    for i, r in enumerate(config.inference.resources):
+        port = free_port()
+        cpus = [c % len(all_cpus) for c in r.cpus] or all_cpus
+        # Declared roofline numbers: the train-capable resource is the compute-rich one, so the
+        # spatiotemporal policy places the train tag on it (the trainer is pinned to its cores).
+        flops = "2e12" if "train" in r.capabilities else "1e12"
+        args = ["--model-path", str(paths.model), "--port", str(port), "--resource-id", r.id, "--join-bus",
+                "--served-model-name", MODEL_NAME, "--peak-flops", flops, "--hbm-bandwidth", "2e10",
+                "--max-running-requests", str(config.inference.max_running_requests), "--seed", str(config.seed + i),
+                "--heartbeat-interval-s", "2"]
+        for cap in r.capabilities:
+            args += ["--capability", cap]
+        specs.append(ServiceSpec(f"infer-{r.id}", "inference_svc", tuple(args), env, cpus=cpus,
+                                 health_url=f"http://127.0.0.1:{port}/health"))
+        endpoints.append(f"{r.id}=http://127.0.0.1:{port}")
+        if "train" in r.capabilities and not train_cpus:
+            train_cpus = tuple(cpus)
+    train_ids = [r.id for r in config.inference.resources if "train" in r.capabilities]
+    specs.append(ServiceSpec("scheduler", "scheduler_svc", (
+        "--dataset", str(paths.tasks), "--policy", sched.policy, "--train-resources", str(sched.train_resources),
+        "--train-batch-groups", str(sched.train_batch_groups), "--samples-per-task", str(sched.samples_per_task),
+        "--max-staleness", str(sched.max_staleness), "--run-id", config.name, "--model", MODEL_NAME,
+        "--initial-weights-uri", f"file://{paths.model}", "--state-file", str(paths.root / "scheduler-state.json"),
+        "--instance-id", "scheduler-0"), env))
+    trainer_args = ["--run-id", config.name, "--base-model-dir", str(paths.model), "--weights-root",
+                    str(paths.weights), "--model-name", MODEL_NAME,
+                    "--set", f"engine.learning_rate={config.trainer.learning_rate}"]
+    for rid in train_ids:
+        trainer_args += ["--resource-id", rid]
+    specs.append(ServiceSpec("trainer", "trainer_svc", tuple(trainer_args),
+                             {**env, "DS_ACCELERATOR": "cpu",
+                              "TORCH_EXTENSIONS_DIR": str(REPO_ROOT / ".cache" / "torch_extensions")},
+                             cpus=train_cpus or None))
+    adapter_port = free_port()
+    adapter_args = ["--model-path", str(paths.model), "--port", str(adapter_port),
+                    "--served-model-name", MODEL_NAME]
+    for e in endpoints:
+        adapter_args += ["--endpoint", e]
+    specs.append(ServiceSpec("adapter", "agents_adapter", tuple(adapter_args),
+                             {**env, "SFLOW_ADAPTER_API_KEYS": f"demo-agent={api_key}"},
+                             health_url=f"http://127.0.0.1:{adapter_port}/health"))
+    agent = config.agent
+    specs.append(ServiceSpec("rollout-workers", "infra.rollout_workers", (
+        "--base-url", f"http://127.0.0.1:{adapter_port}/v1", "--api-key", api_key, "--model", MODEL_NAME,
+        "--concurrency", str(agent.concurrency), "--max-turns", str(agent.max_turns),
+        "--max-tokens", str(agent.max_tokens), "--temperature", str(agent.temperature)), env))
+    return specs
+
+
+def run(config: RunConfig, runs_root: Path | None = None) -> Path:
+    """Runs one job end to end and returns its run folder."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    paths = RunPaths((runs_root or REPO_ROOT / "runs") / f"{config.name}-{stamp}")
+    paths.root.mkdir(parents=True, exist_ok=True)
+    cluster = stack.cluster(config.kafka.nodes)
+    started_kafka = not cluster.running()
+    launcher = Launcher(paths.root)
+    try:
+        if started_kafka:
+            with console.status("starting Kafka (KRaft)"):
+                cluster.start()
+        bus = BusConfig(bootstrap_servers=cluster.bootstrap_servers, topic_prefix=f"{config.name}-{stamp}.",
+                        client_id="demo", replication_factor=cluster.replication_factor)
+        ensure_topics(bus)
+        prepare_model(config, paths)
+        write_tasks(config, paths)
+        api_key = secrets.token_urlsafe(16)
+        monitor = RunMonitor(bus, config.name)
+        monitor.start()
+        for spec in service_specs(config, paths, bus, api_key):
+            with console.status(f"starting {spec.name}"):
+                launcher.start(spec)
+        follow(config, monitor, launcher)
+        launcher.stop_all()
+        monitor.drain(5.0)
+        monitor.stop()
+        summarise(config, paths, monitor)
+        return paths.root
+    finally:
+        launcher.stop_all()
+        if started_kafka:
+            cluster.stop()
+
+
+def follow(config: RunConfig, monitor: RunMonitor, launcher: Launcher) -> None:
+    """Progress bars until the run has done its steps (or its time is up)."""
+    deadline = time.monotonic() + config.run.max_minutes * 60
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[info]}"),
+                  TimeElapsedColumn(), console=console) as progress:
+        steps = progress.add_task("train steps", total=config.run.max_steps, info="")
+        rollout = progress.add_task("rollout", total=None, info="")
+        while time.monotonic() < deadline:
+            s = monitor.snapshot()
+            progress.update(steps, completed=min(s.steps, config.run.max_steps),
+                            info=f"policy v{s.version}  reward {s.last_reward:.2f}")
+            progress.update(rollout, info=f"{s.tokens_per_s:,.0f} tok/s  calls {s.calls}  sessions {s.trajectories}"
+                                          f"  ready groups {s.ready_groups}")
+            dead = [n for n in launcher.specs if n not in launcher.running()]
+            if dead:
+                raise RuntimeError(f"service(s) exited: {dead}; see {launcher.logs}")
+            if s.steps >= config.run.max_steps:
+                break
+            time.sleep(1.0)
+
+
+def summarise(config: RunConfig, paths: RunPaths, monitor: RunMonitor) -> None:
+    from infra.charts import draw_charts
+
+    s = monitor.snapshot()
+    rewards = [r for _, r in s.rewards]
+    k = max(1, min(3, len(rewards) // 2))
+    first = sum(rewards[:k]) / k if rewards else float("nan")
+    last = sum(rewards[-k:]) / k if rewards else float("nan")
+    util = s.utilisation()
+    table = Table(title=f"run {paths.root.name}")
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    table.add_row(f"reward, first {k} steps", f"{first:.3f}")
+    table.add_row(f"reward, last {k} steps", f"{last:.3f}")
+    table.add_row("train steps / policy version", f"{s.steps} / v{s.version}")
+    table.add_row("LLM calls / sessions", f"{s.calls} / {s.trajectories}")
+    table.add_row("rollout tokens/s (mean)", f"{s.mean_tokens_per_s:,.1f}")
+    for rid, (busy, idle) in sorted(util.items()):
+        table.add_row(f"utilisation {rid} (bubble)", f"{busy:.0%} ({idle:.0%})")
+    table.add_row("staleness of trained tokens (mean)", f"{s.mean_staleness:.2f}")
+    table.add_row("weight-sync pause ms (mean / max)", f"{s.mean_pause_ms:.0f} / {s.max_pause_ms:.0f}")
+    console.print(table)
+    charts = draw_charts(paths.root, s)
+    summary = {"reward_first": first, "reward_last": last, "steps": s.steps, "calls": s.calls,
+               "sessions": s.trajectories, "tokens_per_s": s.mean_tokens_per_s,
+               "utilisation": {r: {"busy": b, "idle": i} for r, (b, i) in util.items()},
+               "mean_staleness": s.mean_staleness, "mean_pause_ms": s.mean_pause_ms,
+               "charts": [str(c) for c in charts]}
+    (paths.root / "summary.json").write_text(json.dumps(summary, indent=2))
+    console.print(f"charts and logs under {paths.root}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m infra.demo", description=__doc__.splitlines()[0])
+    parser.add_argument("--config", type=Path, default=Path(__file__).with_name("configs") / "demo.yaml")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level="WARNING")
+    run(RunConfig.load(args.config))
+
+
+if __name__ == "__main__":
+    main()
+
+

@@ -1,0 +1,147 @@
+"""Follows a run on the bus: what the progress bars, the summary table and the charts show.
+
+Everything here is derived from events (calls, trajectories, train steps, weight loads, activity tag
+transitions), so the same numbers can be rebuilt later from the log with `sflow replay`.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from bus.config import BusConfig
+from bus.consumer import EventConsumer, unique_group
+from schemas import events as ev
+
+TOPICS = ("llm.calls", "trajectories", "train", "weights", "scheduler")
+BUSY = frozenset({"rollout", "train", "reference", "critic"})
+
+
+@dataclass
+class RunState:
+    """Raw facts of a run, in event order."""
+
+    calls: int = 0
+    output_tokens: list[tuple[int, int]] = field(default_factory=list)  # (completed ms, tokens)
+    trajectories: int = 0
+    ready_groups: int = 0
+    rewards: list[tuple[int, float]] = field(default_factory=list)  # (step, mean reward)
+    version: int = 0
+    staleness: list[int] = field(default_factory=list)  # tokens by versions behind, summed over steps
+    pauses_ms: list[float] = field(default_factory=list)
+    activity: dict[str, list[tuple[int, str]]] = field(default_factory=lambda: defaultdict(list))
+    versions_per_call: list[tuple[int, ...]] = field(default_factory=list)
+    end_ms: int = 0
+
+    @property
+    def steps(self) -> int:
+        return len(self.rewards)
+
+    @property
+    def last_reward(self) -> float:
+        return self.rewards[-1][1] if self.rewards else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Over the last 20 s."""
+        if not self.output_tokens:
+            return 0.0
+        horizon = self.output_tokens[-1][0] - 20_000
+        return sum(n for t, n in self.output_tokens if t >= horizon) / 20.0
+
+    @property
+    def mean_tokens_per_s(self) -> float:
+        if len(self.output_tokens) < 2:
+            return 0.0
+        span = (self.output_tokens[-1][0] - self.output_tokens[0][0]) / 1000
+        return sum(n for _, n in self.output_tokens) / max(span, 1e-3)
+
+    @property
+    def mean_staleness(self) -> float:
+        total = sum(self.staleness)
+        return sum(i * n for i, n in enumerate(self.staleness)) / total if total else 0.0
+
+    @property
+    def mean_pause_ms(self) -> float:
+        return sum(self.pauses_ms) / len(self.pauses_ms) if self.pauses_ms else 0.0
+
+    @property
+    def max_pause_ms(self) -> float:
+        return max(self.pauses_ms, default=0.0)
+
+    def utilisation(self) -> dict[str, tuple[float, float]]:
+        """(busy share, idle share) per resource from its activity transitions to the end of the run."""
+        out: dict[str, tuple[float, float]] = {}
+        for rid, spans in self.activity.items():
+            busy = idle = 0.0
+            for (t0, act), (t1, _) in zip(spans, [*spans[1:], (self.end_ms, "")], strict=True):
+                d = max(0, t1 - t0)
+                busy += d if act in BUSY else 0
+                idle += d if act == "idle" else 0
+            total = max(1.0, float(self.end_ms - spans[0][0])) if spans else 1.0
+            out[rid] = (busy / total, idle / total)
+        return out
+
+    def apply(self, event: ev.Event) -> None:
+        self.end_ms = max(self.end_ms, event.ts_ms)
+        if isinstance(event, ev.LLMCall):
+            self.calls += 1
+            self.output_tokens.append((event.completed_ms, len(event.output_ids)))
+            self.versions_per_call.append(tuple(sorted(set(event.output_versions.tolist()))))
+        elif isinstance(event, ev.Trajectory):
+            self.trajectories += 1
+        elif isinstance(event, ev.BatchReady):
+            self.ready_groups += 1
+        elif isinstance(event, ev.TrainStepCompleted):
+            if all(s != event.step for s, _ in self.rewards):
+                self.rewards.append((event.step, event.reward_mean))
+                self.version = max(self.version, event.new_version)
+                for i, n in enumerate(event.staleness_histogram):
+                    if i >= len(self.staleness):
+                        self.staleness.append(0)
+                    self.staleness[i] += n
+        elif isinstance(event, ev.WeightsLoaded):
+            self.pauses_ms.append(event.pause_ms)
+        elif isinstance(event, ev.TagTransition) and event.tag_kind == ev.TagKind.ACTIVITY and event.to_tags:
+            self.activity[event.resource_id].append((event.ts_ms, event.to_tags[0]))
+
+
+class RunMonitor:
+    """A background consumer keeping a `RunState` up to date."""
+
+    def __init__(self, bus: BusConfig, run_id: str) -> None:
+        self.state = RunState()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._consumer = EventConsumer(bus, unique_group(f"monitor-{run_id}"), TOPICS)
+        self._thread = threading.Thread(target=self._loop, name="run-monitor", daemon=True)
+        self._last_event = time.monotonic()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            batch = self._consumer.poll(0.5)
+            with self._lock:
+                for r in batch:
+                    self.state.apply(r.event)
+            if batch:
+                self._last_event = time.monotonic()
+
+    def drain(self, quiet_s: float) -> None:
+        """Waits until no event arrived for `quiet_s` (the last ones of stopped services)."""
+        while time.monotonic() - self._last_event < quiet_s:
+            time.sleep(0.2)
+
+    def snapshot(self) -> RunState:
+        with self._lock:
+            return copy.deepcopy(self.state)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._consumer.close(commit=False)
