@@ -3,7 +3,10 @@
 `replay_trajectories(config, rng)` reads `llm.calls` and `sessions` over a range (bus.replay),
 feeds them to a fresh `TrajectoryAssembler` with the processor's settings, and compares every
 rebuilt Trajectory byte for byte (`encode_event`) with the copies recorded on `trajectories`.
-`sflow replay trajectories --from … --to …` prints its `ReplayReport.render()`.
+`sflow replay trajectories --from … --to …` prints its `ReplayReport.render()` and can exit
+non-zero when `not report.ok`. The config must carry the processor's settings (`producer`, `ttl_ms`,
+`wait_for_calls`, … are part of the bytes): `ProcessorConfig.from_args([])` gives the defaults with
+the bus from the environment; a plain BusConfig means those defaults too.
 
 What is compared
     rebuilt: the sessions the inputs in the range close (SessionEnded, or the TTL: before each input

@@ -18,6 +18,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 
 from bus.config import BusConfig
 from bus.errors import ConsumeError
+from bus.log import RDKAFKA_LOG
 from bus.producer import EventProducer
 from schemas.errors import SchemaError
 from schemas.events import DeadLetter, Event, decode_event
@@ -49,6 +50,7 @@ def consumer_settings(config: BusConfig, group_id: str, **overrides: Any) -> dic
         "fetch.max.bytes": 64 * 1024 * 1024,
         "max.partition.fetch.bytes": 32 * 1024 * 1024,
         "isolation.level": "read_committed",
+        "logger": RDKAFKA_LOG,
         **config.extra,
         **overrides,
     }

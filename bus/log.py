@@ -7,6 +7,9 @@ import logging
 import sys
 from typing import Final
 
+# librdkafka's own messages go through Python logging (level-filtered) instead of raw stderr lines.
+RDKAFKA_LOG: Final = logging.getLogger("sflow.bus.librdkafka")
+
 _STANDARD: Final = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
 
 

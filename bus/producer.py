@@ -14,6 +14,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from bus.config import BusConfig
 from bus.errors import PublishError
+from bus.log import RDKAFKA_LOG
 from bus.topics import topic_of
 from schemas.errors import SchemaError
 from schemas.events import Event, encode_event
@@ -59,6 +60,7 @@ class EventProducer:
             "message.max.bytes": 32 * 1024 * 1024,
             "delivery.timeout.ms": delivery_timeout_ms,
             "request.timeout.ms": min(delivery_timeout_ms, 30_000),
+            "logger": RDKAFKA_LOG,
             **config.extra,
             **overrides,
         }

@@ -171,6 +171,7 @@ def run(config: RunConfig, runs_root: Path | None = None) -> Path:
     cluster = stack.cluster(config.kafka.nodes)
     started_kafka = not cluster.running()
     launcher = Launcher(paths.root)
+    monitor: RunMonitor | None = None
     try:
         if started_kafka:
             with console.status("starting Kafka (KRaft)"):
@@ -189,11 +190,12 @@ def run(config: RunConfig, runs_root: Path | None = None) -> Path:
         follow(config, monitor, launcher)
         launcher.stop_all()
         monitor.drain(5.0)
-        monitor.stop()
         summarise(config, paths, monitor)
         return paths.root
     finally:
         launcher.stop_all()
+        if monitor is not None:
+            monitor.stop()
         if started_kafka:
             cluster.stop()
 

@@ -27,7 +27,7 @@ import pytest
 
 from agents_adapter.errors import ConfigError
 from agents_adapter.prefix_tree import AddCall, PrefixTree
-from agents_adapter.replay import ReplayReport, replay_trajectories
+from agents_adapter.replay import ReplayReport, first_difference, replay_trajectories
 from agents_adapter.trajectories import CLOSED, DELTA, ProcessorConfig, TableKey
 from agents_adapter.trajectory_core import SessionDelta, trajectory_event_id
 from bus.config import BusConfig
@@ -254,6 +254,22 @@ def test_deduplicator_passes_each_event_id_once_within_its_bounds() -> None:
     assert dedupe.duplicates == 2
     clock[0] = 11.0  # forgotten after ttl_s
     assert dedupe.first_time(a)
+
+
+@pytest.mark.unit
+def test_first_difference_names_the_node_and_field() -> None:
+    events = session("s", "g", turns=3)
+    tree = core_tree(events)
+    t = Trajectory(trajectory_id="s", session_id="s", agent_id="agent", reward=1.0, status="completed",
+                   nodes=tree.nodes(), call_ids=tree.call_ids, min_version=0, max_version=2,
+                   tokens_in_calls=tree.tokens_in_calls, tokens_in_tree=tree.tokens_in_tree)
+    node = tree.nodes()[1]
+    changed = dataclasses.replace(node, logprobs=(-9.0, *tuple(node.logprobs)[1:]))  # type: ignore[arg-type]
+    other = dataclasses.replace(t, nodes=(t.nodes[0], changed, *t.nodes[2:]))
+    assert first_difference(t, t) is None
+    assert first_difference(t, other) == ("nodes[1].logprobs", repr(list(node.logprobs)),
+                                          repr(list(changed.logprobs)))
+    assert first_difference(t, dataclasses.replace(t, nodes=t.nodes[:2]))[0] == "nodes"  # type: ignore[index]
 
 
 # --- the processor on a broker ----------------------------------------------------------------
