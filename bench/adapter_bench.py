@@ -4,14 +4,16 @@ Starts, on 127.0.0.1 free ports: a one-broker Kafka (KRaft) unless --bootstrap i
 engine (`python -m inference_svc`, default model) and the proxy (`python -m agents_adapter`), each its
 own process. Then, in one run:
 
-  1. latency: `--sessions` (64) concurrent multi-turn sessions, each `--turns` requests with
+  1. latency, first of one session back to back (no queueing: the proxy's own cost), then of
+     `--sessions` (64) concurrent multi-turn sessions, each `--turns` requests with
      max_new_tokens=1 (so the engine's share is one prefill + one token) and up to `--think-ms` of agent
      time between turns, straight to the engine's /generate with the prompt ids the chat template gives,
      and through the proxy's /v1/chat/completions with the same conversations (template,
      token-in/token-out cache, routing, the engine call, recording in Kafka with acks=all, the OpenAI
      response). Same client (httpx) for both; `--rounds` direct and proxied rounds alternate so both
      see the same background load. The added latency is proxy p50 - direct p50 (and p99), plus the
-     proxy's CPU time per call (all its threads), which machine load disturbs less.
+     proxy's CPU time per call (all its threads), which machine load disturbs less. The think time
+     keeps the engine below saturation on a small machine (else queueing, not the proxy, dominates).
   2. capacity: `--open-sessions` (1,000) sessions, all in flight at once, two turns each; errors are
      counted and the proxy's resident memory (RSS) is reported before and after.
 
@@ -126,7 +128,8 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=4, help="direct and proxied rounds, alternated")
     parser.add_argument("--open-sessions", type=int, default=1000)
-    parser.add_argument("--think-ms", type=float, default=200.0,
+    parser.add_argument("--sequential-turns", type=int, default=50, help="turns of the back-to-back session")
+    parser.add_argument("--think-ms", type=float, default=5000.0,
                         help="agent time between turns, uniform in [0, think-ms] (0: back-to-back calls)")
     parser.add_argument("--bootstrap", default="", help="use this Kafka instead of starting one")
     args = parser.parse_args()
@@ -205,30 +208,33 @@ async def measure(args: argparse.Namespace, codec: ChatCodec, engine_url: str, p
 
         await run_sessions(8, direct, 2, seed=0)  # warm-up: connections, engine, Kafka producer
         await run_sessions(8, through_proxy("warm"), 2, seed=0)
-        direct_ms: list[float] = []
-        proxy_ms: list[float] = []
-        direct_err = proxy_err = 0
-        cpu_ms = 0.0
-        for r in range(args.rounds):  # alternate, so both paths see the same background load
-            latencies, errors = await run_sessions(args.sessions, direct, args.turns, 1 + r, args.think_ms)
-            direct_ms, direct_err = direct_ms + latencies, direct_err + errors
-            cpu_before = proxy_proc.cpu_times()
-            latencies, errors = await run_sessions(args.sessions, through_proxy(f"lat{r}"), args.turns, 1 + r,
-                                                   args.think_ms)
-            cpu_after = proxy_proc.cpu_times()
-            proxy_ms, proxy_err = proxy_ms + latencies, proxy_err + errors
-            cpu_ms += ((cpu_after.user + cpu_after.system) - (cpu_before.user + cpu_before.system)) * 1000
-        d50, d99, p50, p99 = (percentile(direct_ms, 0.5), percentile(direct_ms, 0.99),
-                              percentile(proxy_ms, 0.5), percentile(proxy_ms, 0.99))
-        print(f"\nlatency: {args.rounds} rounds x {args.sessions} concurrent sessions x {args.turns} turns, "
-              f"max_new_tokens=1, think time U[0, {args.think_ms:.0f}] ms")
         print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (shared machine)")
-        print(f"{'path':<22}{'calls':>7}{'errors':>8}{'p50 ms':>10}{'p99 ms':>10}{'mean ms':>10}")
-        for name, values, errs in (("engine direct", direct_ms, direct_err), ("through proxy", proxy_ms, proxy_err)):
-            print(f"{name:<22}{len(values):>7}{errs:>8}{percentile(values, 0.5):>10.2f}"
-                  f"{percentile(values, 0.99):>10.2f}{statistics.fmean(values):>10.2f}")
-        print(f"{'added by the proxy':<37}{p50 - d50:>10.2f}{p99 - d99:>10.2f}")
-        print(f"proxy CPU per call (all its threads): {cpu_ms / max(1, len(proxy_ms)):.2f} ms")
+        print(f"{'':<40}{'calls':>7}{'errors':>7}{'p50 ms':>9}{'p99 ms':>9}{'mean ms':>9}")
+        for label, sessions, turns, rounds, think in (
+            ("1 session, back to back", 1, args.sequential_turns, 2, 0.0),
+            (f"{args.sessions} sessions, think U[0,{args.think_ms:.0f}]ms", args.sessions, args.turns, args.rounds,
+             args.think_ms),
+        ):
+            direct_ms: list[float] = []
+            proxy_ms: list[float] = []
+            direct_err = proxy_err = 0
+            cpu_ms = 0.0
+            for r in range(rounds):  # alternate, so both paths see the same background load
+                latencies, errors = await run_sessions(sessions, direct, turns, 1 + r, think)
+                direct_ms, direct_err = direct_ms + latencies, direct_err + errors
+                cpu_before = proxy_proc.cpu_times()
+                latencies, errors = await run_sessions(sessions, through_proxy(f"{label}{r}"), turns, 1 + r, think)
+                cpu_after = proxy_proc.cpu_times()
+                proxy_ms, proxy_err = proxy_ms + latencies, proxy_err + errors
+                cpu_ms += ((cpu_after.user + cpu_after.system) - (cpu_before.user + cpu_before.system)) * 1000
+            d50, d99, p50, p99 = (percentile(direct_ms, 0.5), percentile(direct_ms, 0.99),
+                                  percentile(proxy_ms, 0.5), percentile(proxy_ms, 0.99))
+            for name, values, errs in ((f"{label}: engine", direct_ms, direct_err),
+                                       (f"{label}: proxy", proxy_ms, proxy_err)):
+                print(f"{name:<40}{len(values):>7}{errs:>7}{percentile(values, 0.5):>9.2f}"
+                      f"{percentile(values, 0.99):>9.2f}{statistics.fmean(values):>9.2f}")
+            print(f"{label + ': added by the proxy':<54}{p50 - d50:>9.2f}{p99 - d99:>9.2f}"
+                  f"   (proxy CPU {cpu_ms / max(1, len(proxy_ms)):.2f} ms/call)")
 
         rss_before = proxy_proc.memory_info().rss
         started = time.perf_counter()
