@@ -210,11 +210,11 @@ async def measure(args: argparse.Namespace, codec: ChatCodec, engine_url: str, p
         await run_sessions(8, through_proxy("warm"), 2, seed=0)
         print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (shared machine)")
         print(f"{'':<40}{'calls':>7}{'errors':>7}{'p50 ms':>9}{'p99 ms':>9}{'mean ms':>9}")
-        for label, sessions, turns, rounds, think in (
+        for phase, (label, sessions, turns, rounds, think) in enumerate((
             ("1 session, back to back", 1, args.sequential_turns, 2, 0.0),
             (f"{args.sessions} sessions, think U[0,{args.think_ms:.0f}]ms", args.sessions, args.turns, args.rounds,
              args.think_ms),
-        ):
+        )):
             direct_ms: list[float] = []
             proxy_ms: list[float] = []
             direct_err = proxy_err = 0
@@ -223,7 +223,7 @@ async def measure(args: argparse.Namespace, codec: ChatCodec, engine_url: str, p
                 latencies, errors = await run_sessions(sessions, direct, turns, 1 + r, think)
                 direct_ms, direct_err = direct_ms + latencies, direct_err + errors
                 cpu_before = proxy_proc.cpu_times()
-                latencies, errors = await run_sessions(sessions, through_proxy(f"{label}{r}"), turns, 1 + r, think)
+                latencies, errors = await run_sessions(sessions, through_proxy(f"lat{phase}-{r}"), turns, 1 + r, think)
                 cpu_after = proxy_proc.cpu_times()
                 proxy_ms, proxy_err = proxy_ms + latencies, proxy_err + errors
                 cpu_ms += ((cpu_after.user + cpu_after.system) - (cpu_before.user + cpu_before.system)) * 1000

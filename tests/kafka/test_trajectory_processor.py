@@ -3,8 +3,8 @@
 Sessions are built from the event dataclasses (the capture proxy is not needed); every test checks
 the processor's output against the functional core (`PrefixTree`) or against a replay.
 
-Inputs are produced uncompressed: `bus.producer` compresses with lz4, which Faust's Kafka client
-(aiokafka) decodes only when `cramjam` is installed; it is not in this environment.
+Inputs are produced as the services produce them (`bus.producer`, lz4-compressed batches, which
+Faust's Kafka client reads through cramjam).
 """
 
 from __future__ import annotations
@@ -131,8 +131,7 @@ def worker_factory(bus_config: BusConfig, tmp_path: Path) -> Iterator[Callable[.
 
 
 def producer(config: BusConfig) -> EventProducer:
-    uncompressed: dict[str, Any] = {"compression.type": "none"}  # see the module docstring
-    return EventProducer(config, **uncompressed)
+    return EventProducer(config)
 
 
 def session(sid: str, group: str, turns: int, *, n_samples: int | None = None, end: bool = True,
