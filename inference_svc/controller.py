@@ -143,7 +143,12 @@ class InferenceController:
             load_ms = _ms_since(load_started)
             if not was_paused:
                 self.engine.resume()
-            pause_ms = 0.0 if was_paused else _ms_since(started)
+            if not was_paused:
+                pause_ms = _ms_since(started)
+            elif self._pause_mode == "in_place" and self._paused_since is not None:
+                pause_ms = _ms_since(self._paused_since)  # the weight sync's own pause, so far
+            else:
+                pause_ms = 0.0  # preempted (abort): the engine was stopped for another task, not for the swap
         logger.info(
             "weights loaded",
             extra={"resource": self.resource_id, "version": result.weight_version, "pause_ms": pause_ms},
