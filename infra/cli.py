@@ -174,6 +174,66 @@ def replay_scheduler(
         raise typer.Exit(1)
 
 
+@replay_app.command("trajectories")
+def replay_trajectories(
+    start: Annotated[int | None, typer.Option("--from", help="start of the range: offset (or ms with --time)")] = None,
+    end: Annotated[int | None, typer.Option("--to", help="end of the range, exclusive: offset (or ms, --time)")] = None,
+    by_time: Annotated[bool, typer.Option("--time", help="--from / --to are timestamps in ms since the epoch")] = False,
+    producer: Annotated[str, typer.Option(help="producer id the processor stamps on trajectories")] = "",
+) -> None:
+    """Rebuild trajectories from `llm.calls` + `sessions` and diff them byte for byte with the recorded ones."""
+    from agents_adapter.replay import replay_trajectories as rebuild
+    from agents_adapter.trajectories import ProcessorConfig
+    from bus.replay import ReplayRange
+    from infra import stack
+
+    rng = ReplayRange(start_ms=start, end_ms=end) if by_time else ReplayRange(start_offset=start, end_offset=end)
+    bus = stack.bus_config("sflow-replay")
+    config = ProcessorConfig(bus=bus, producer=producer) if producer else ProcessorConfig(bus=bus)
+    try:
+        report = rebuild(config, rng)
+    except BusError as e:
+        console.print(f"[red]error:[/] {e}")
+        raise typer.Exit(2) from e
+    typer.echo(report.render())
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+@app.command()
+def analytics(
+    query: Annotated[str | None, typer.Argument(help="canned query name; omit to list them")] = None,
+    params: Annotated[list[str] | None, typer.Argument(help="query parameters as key=value")] = None,
+    data_dir: Annotated[Path | None, typer.Option(help="run folder of the chdb store (default: var/analytics)")] = None,
+) -> None:
+    """Answer a canned throughput/utilisation/staleness question from the analytics store."""
+    from infra.analytics.config import AnalyticsConfig, open_store
+    from infra.analytics.queries import canned, parse_params, render, render_catalog
+
+    if query is None:
+        console.print(render_catalog())
+        return
+    config = AnalyticsConfig(data_dir=data_dir) if data_dir else AnalyticsConfig()
+    with open_store(config, read_only=True) as store:
+        console.print(render(canned(query).run(store, **parse_params(params or []))))
+
+
+@app.command()
+def train(
+    config: Annotated[Path, typer.Option("--config", help="run config (YAML), e.g. infra/configs/demo.yaml")],
+) -> None:
+    """Run a training job described by a YAML file through every service, then stop them."""
+    from infra.demo import run
+    from infra.errors import InfraError
+    from infra.run_config import RunConfig
+
+    try:
+        run(RunConfig.load(config))
+    except InfraError as e:
+        console.print(f"[red]error:[/] {e}")
+        raise typer.Exit(2) from e
+
+
 def main() -> None:
     app()
 

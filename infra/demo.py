@@ -28,9 +28,9 @@ from rich.table import Table
 from bus.admin import ensure_topics
 from bus.config import BusConfig
 from infra import stack
-from infra.kafka.cluster import REPO_ROOT
+from infra.kafka.cluster import REPO_ROOT, KafkaCluster
 from infra.launcher import Launcher, ServiceSpec
-from infra.monitor import RunMonitor
+from infra.monitor import RunMonitor, RunState
 from infra.run_config import RunConfig
 
 log = logging.getLogger("sflow.demo")
@@ -96,7 +96,22 @@ def write_tasks(config: RunConfig, paths: RunPaths) -> None:
             out.write(json.dumps({"task_id": t.task_id, "question": t.question, "answer": t.answer}) + "\n")
 
 
-def service_specs(config: RunConfig, paths: RunPaths, bus: BusConfig, api_key: str) -> list[ServiceSpec]:
+def _adapter_stats(specs: list[ServiceSpec], admin_key: str) -> dict[str, object]:
+    """The proxy's own counters (calls served, recorded), read before it stops."""
+    import httpx
+
+    adapter = next(s for s in specs if s.name == "adapter")
+    base = (adapter.health_url or "").removesuffix("/health")
+    try:
+        reply = httpx.get(f"{base}/admin/stats", headers={"Authorization": f"Bearer {admin_key}"}, timeout=10)
+        return dict(reply.json()) if reply.status_code == 200 else {"error": reply.text}
+    except httpx.HTTPError as e:
+        return {"error": str(e)}
+
+
+def service_specs(
+    config: RunConfig, paths: RunPaths, bus: BusConfig, api_key: str, admin_key: str
+) -> list[ServiceSpec]:
     env = {
         "SFLOW_BOOTSTRAP": bus.bootstrap_servers,
         "SFLOW_TOPIC_PREFIX": bus.topic_prefix,
@@ -153,7 +168,8 @@ def service_specs(config: RunConfig, paths: RunPaths, bus: BusConfig, api_key: s
     for e in endpoints:
         adapter_args += ["--endpoint", e]
     specs.append(ServiceSpec("adapter", "agents_adapter", tuple(adapter_args),
-                             {**env, "SFLOW_ADAPTER_API_KEYS": f"demo-agent={api_key}"},
+                             {**env, "SFLOW_ADAPTER_API_KEYS": f"demo-agent={api_key}",
+                              "SFLOW_ADAPTER_ADMIN_KEY": admin_key},
                              health_url=f"http://127.0.0.1:{adapter_port}/health"))
     agent = config.agent
     specs.append(ServiceSpec("rollout-workers", "infra.rollout_workers", (
@@ -163,12 +179,23 @@ def service_specs(config: RunConfig, paths: RunPaths, bus: BusConfig, api_key: s
     return specs
 
 
-def run(config: RunConfig, runs_root: Path | None = None) -> Path:
-    """Runs one job end to end and returns its run folder."""
+@dataclass(frozen=True)
+class RunResult:
+    """Where a run left its files and events, and what the capture proxy counted."""
+
+    root: Path
+    bus: BusConfig
+    adapter_stats: dict[str, object]
+    state: RunState
+
+
+def run(config: RunConfig, runs_root: Path | None = None, cluster: KafkaCluster | None = None) -> RunResult:
+    """Runs one job end to end. Kafka: `cluster` if given (left running), else the local stack's
+    (started and stopped here unless it was already up)."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
     paths = RunPaths((runs_root or REPO_ROOT / "runs") / f"{config.name}-{stamp}")
     paths.root.mkdir(parents=True, exist_ok=True)
-    cluster = stack.cluster(config.kafka.nodes)
+    cluster = cluster or stack.cluster(config.kafka.nodes)
     started_kafka = not cluster.running()
     launcher = Launcher(paths.root)
     monitor: RunMonitor | None = None
@@ -181,17 +208,20 @@ def run(config: RunConfig, runs_root: Path | None = None) -> Path:
         ensure_topics(bus)
         prepare_model(config, paths)
         write_tasks(config, paths)
-        api_key = secrets.token_urlsafe(16)
+        api_key, admin_key = secrets.token_urlsafe(16), secrets.token_urlsafe(16)
         monitor = RunMonitor(bus, config.name)
         monitor.start()
-        for spec in service_specs(config, paths, bus, api_key):
+        specs = service_specs(config, paths, bus, api_key, admin_key)
+        for spec in specs:
             with console.status(f"starting {spec.name}"):
                 launcher.start(spec)
         follow(config, monitor, launcher)
+        launcher.stop("rollout-workers")
+        adapter_stats = _adapter_stats(specs, admin_key)
         launcher.stop_all()
         monitor.drain(5.0)
         summarise(config, paths, monitor)
-        return paths.root
+        return RunResult(paths.root, bus, adapter_stats, monitor.snapshot())
     finally:
         launcher.stop_all()
         if monitor is not None:

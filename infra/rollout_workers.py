@@ -20,7 +20,8 @@ import threading
 from collections import defaultdict
 from dataclasses import dataclass
 
-from agents_adapter.agents import ArithmeticTask, CalculatorAgent, EpisodeResult, arun_episode
+from agents_adapter.agents import ArithmeticTask, CalculatorAgent, EpisodeResult, verify
+from agents_adapter.sdk import AsyncAgentSession
 from bus.config import BusConfig
 from bus.consumer import EventConsumer, Received
 from bus.log import configure_logging
@@ -42,6 +43,26 @@ class WorkerConfig:
     max_tokens: int = 96
     temperature: float = 1.0
     group_id: str = "rollout-workers"
+
+
+FORMAT_REWARD = 0.2  # the episode used the calculator correctly (a tool call that parsed and ran)
+
+
+def shaped_reward(result: EpisodeResult, task: ArithmeticTask) -> float:
+    """Format + correctness, as in R1-style RL: a small reward for a working tool call gives GRPO a
+    signal before the first correct answers, the rest only for the right final number."""
+    used_tool = result.tool_calls > 0 and result.tool_errors == 0
+    return FORMAT_REWARD * used_tool + (1.0 - FORMAT_REWARD) * verify(result.answer, task)
+
+
+async def run_episode(
+    config: WorkerConfig, agent: CalculatorAgent, task: ArithmeticTask, group_id: str
+) -> EpisodeResult:
+    """One session through the proxy; the reward is reported when the session ends."""
+    async with AsyncAgentSession(config.base_url, config.api_key, task_id=task.task_id, group_id=group_id) as s:
+        result = await agent.arun(s.client, task, s.session_id)
+        result.reward = s.reward = shaped_reward(result, task)
+    return result
 
 
 def task_of(event: TaskDispatched) -> ArithmeticTask:
@@ -79,7 +100,7 @@ async def run_group(config: WorkerConfig, agent: CalculatorAgent, event: TaskDis
     async def one() -> EpisodeResult:
         async with slots:
             try:
-                return await arun_episode(config.base_url, config.api_key, task, agent, group_id=event.group_id)
+                return await run_episode(config, agent, task, event.group_id)
             except Exception as e:  # a failed session is reported failed by the SDK; the group goes on
                 log.warning("episode failed", extra={"group": event.group_id, "error": repr(e)})
                 return EpisodeResult("", task.task_id)

@@ -105,7 +105,7 @@ def supervised_warmup(
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         if step % 50 == 0 or step == steps - 1:
-            log.info("warm-up step", extra={"step": step, "loss": round(float(loss), 4)})
+            log.info("warm-up step", extra={"step": step, "loss": round(float(loss.detach()), 4)})
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)

@@ -192,13 +192,16 @@ def wait_for_trajectories(config: BusConfig, ids: set[str], worker: Worker,
 
 
 def read_raw(config: BusConfig, topic: str) -> list[tuple[int, bytes, bytes | None]]:
-    """(partition, key, value) of every record of a non-event topic (a changelog), in log order."""
-    from confluent_kafka import Consumer, TopicPartition
+    """(partition, key, value) of every record of a non-event topic (a changelog), in log order;
+    empty while the topic (created by the worker) has no leader yet: callers poll."""
+    from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
     consumer = Consumer(consumer_settings(config, unique_group("raw"), **{"enable.partition.eof": False}))
     out: list[tuple[int, bytes, bytes | None]] = []
     try:
         meta = consumer.list_topics(topic, timeout=10).topics[topic]
+        if meta.error is not None or any(p.leader < 0 for p in meta.partitions.values()):
+            return []
         for p in sorted(meta.partitions):
             low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
             if high <= low:
@@ -211,6 +214,10 @@ def read_raw(config: BusConfig, topic: str) -> list[tuple[int, bytes, bytes | No
                         out.append((p, msg.key() or b"", msg.value()))
                         position = (msg.offset() or 0) + 1
             consumer.unassign()
+    except KafkaException as e:  # a leader moving while the topic is created
+        if e.args[0].code() != KafkaError.NOT_LEADER_FOR_PARTITION:
+            raise
+        return []
     finally:
         consumer.close()
     return out
