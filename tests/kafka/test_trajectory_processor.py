@@ -33,6 +33,7 @@ from agents_adapter.trajectory_core import SessionDelta, trajectory_event_id
 from bus.config import BusConfig
 from bus.consumer import EventConsumer, Received, consumer_settings, fetch_ready, unique_group
 from bus.dedupe import Deduplicator
+from bus.errors import ConsumeError
 from bus.producer import EventProducer
 from bus.replay import ReplayRange, replay
 from schemas.events import (
@@ -171,9 +172,22 @@ def publish_all(config: BusConfig, events: list[Event]) -> None:
             p.publish(e)
 
 
+def read_events(config: BusConfig, topic: str) -> list[Received]:
+    """A topic's events (bus.replay), retried while a partition reports no leader: right after
+    topics are created the broker can answer NOT_LEADER_FOR_PARTITION for a moment."""
+    for attempt in range(20):
+        try:
+            return replay(config, [topic]).events
+        except ConsumeError as e:
+            if "NOT_LEADER" not in str(e) or attempt == 19:
+                raise
+            time.sleep(0.5)
+    raise AssertionError("unreachable")
+
+
 def trajectories_on_topic(config: BusConfig) -> list[tuple[Trajectory, Received]]:
     """Every Trajectory copy on the topic, with where it was read."""
-    return [(r.event, r) for r in replay(config, ["trajectories"]).events if isinstance(r.event, Trajectory)]
+    return [(r.event, r) for r in read_events(config, "trajectories") if isinstance(r.event, Trajectory)]
 
 
 def wait_for_trajectories(config: BusConfig, ids: set[str], worker: Worker,
@@ -306,7 +320,7 @@ def test_each_session_becomes_one_trajectory_with_the_cores_nodes_and_groups_fir
 
     deadline = time.monotonic() + 30
     while True:
-        batches = {r.event.group_id: r.event for r in replay(bus_config, ["trajectories"]).events
+        batches = {r.event.group_id: r.event for r in read_events(bus_config, "trajectories")
                    if isinstance(r.event, BatchReady)}
         if set(batches) == {"g1", "g2"} or time.monotonic() > deadline:
             break
@@ -345,7 +359,7 @@ def test_poison_messages_go_to_the_dlq_and_processing_continues(
     assert got["after"].nodes == core_tree(after).nodes() and "after-bad" not in got["after"].call_ids
 
     deadline = time.monotonic() + 20
-    while len(letters := [r.event for r in replay(bus_config, ["dlq"]).events]) < 3 and time.monotonic() < deadline:
+    while len(letters := [r.event for r in read_events(bus_config, "dlq")]) < 3 and time.monotonic() < deadline:
         time.sleep(0.3)
     reasons = sorted(letter.reason for letter in letters if isinstance(letter, DeadLetter))
     assert len(reasons) == 3, reasons
@@ -504,7 +518,7 @@ def test_sigkilled_workers_lose_no_session_and_dedupe_leaves_each_trajectory_onc
     groups = {f"g{i}": sorted(sid for sid in sessions if int(sid[1:]) // 4 == i) for i in range(n // 4)}
     deadline = time.monotonic() + 30
     while True:
-        batches = [r.event for r in replay(bus_config, ["trajectories"]).events if isinstance(r.event, BatchReady)]
+        batches = [r.event for r in read_events(bus_config, "trajectories") if isinstance(r.event, BatchReady)]
         firsts = {b.group_id: b for b in Deduplicator().filter(batches)}
         if set(firsts) == set(groups) or time.monotonic() > deadline:
             break
