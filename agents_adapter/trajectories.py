@@ -111,6 +111,7 @@ _LOG: Final = {"service": "trajectory-processor"}
 TICK_METRIC: Final = "trajectory_processor.tick"
 _GUARANTEES: Final = ("at_least_once",)
 _LEVELS: Final = ("debug", "info", "warning", "error", "critical")
+_ATTEMPTS: Final = 3  # tries of an input that fails for an unexpected reason before it is dead-lettered
 
 
 # --- config ------------------------------------------------------------------------------------
@@ -393,11 +394,15 @@ class TrajectoryProcessor:
         app.timer(cfg.tick_interval_s)(self._tick)
 
     def internal_topics(self) -> list[TopicSpec]:
-        """The processor's own topics, co-partitioned with the inputs."""
-        hour = 3_600_000
+        """The processor's own topics, co-partitioned with the inputs. The table changelogs are created
+        here too, not lazily by Faust: a changelog missing from the consumer's first metadata makes
+        Faust refuse every table write of that run (PartitionsMismatch: "changelog has 0 partitions")."""
+        hour, n, app_id = 3_600_000, self.n_partitions, self.config.app_id
         return [
-            TopicSpec(self.config.ticks_topic, self.n_partitions, "partition", (MetricSample,), retention_ms=hour),
-            TopicSpec(self.config.groups_topic, self.n_partitions, "group", (), retention_ms=7 * 24 * hour),
+            TopicSpec(self.config.ticks_topic, n, "partition", (MetricSample,), retention_ms=hour),
+            TopicSpec(self.config.groups_topic, n, "group", (), retention_ms=7 * 24 * hour),
+            TopicSpec(f"{app_id}-sessions-changelog", n, "table key", (), compacted=True),
+            TopicSpec(f"{app_id}-groups-changelog", n, "table key", (), compacted=True),
         ]
 
     def prepare_topics(self) -> None:
@@ -420,14 +425,26 @@ class TrajectoryProcessor:
     async def _sessions_agent(self, stream: Any) -> None:
         async for event in typed_events(stream, self.dlq, self.bus, self.group_id):
             message = stream.current_event.message
-            try:
-                await self._on_input(message.partition, message.topic, event)
-            except (PublishFailed, asyncio.CancelledError):
-                raise
-            except Exception as e:  # a poison message must not stop the processor
-                log.exception("input %s[%d]@%d failed", message.topic, message.partition, message.offset, extra=_LOG)
-                await self._dead_letter(message, f"processing failed: {type(e).__name__}: {e}")
-                self._rebuild_sessions(resync=False)  # the assembler may be ahead of the table now
+            for attempt in range(_ATTEMPTS):
+                try:
+                    await self._on_input(message.partition, message.topic, event)
+                    break
+                except (PublishFailed, asyncio.CancelledError):
+                    raise
+                except Exception as e:
+                    self._rebuild_sessions(resync=True)
+                    await self._after_failure(message, attempt, e)
+
+    async def _after_failure(self, message: Any, attempt: int, error: Exception) -> None:
+        """An input failed for a reason the core did not name (not a rejected call): the state was
+        rebuilt from the table, with every entry re-put (the failed write may be in RocksDB but not in
+        the changelog); retry after a pause (metadata lag, a broker hiccup), then dead-letter it."""
+        log.exception("%s[%d]@%d failed (attempt %d of %d)", message.topic, message.partition, message.offset,
+                      attempt + 1, _ATTEMPTS, extra=_LOG)
+        if attempt + 1 < _ATTEMPTS:
+            await asyncio.sleep(0.5 * (attempt + 1))
+        else:
+            await self._dead_letter(message, f"processing failed: {type(error).__name__}: {error}")
 
     async def _on_input(self, p: int, topic: str, event: Event) -> None:
         part = self._partition(p)
@@ -553,13 +570,18 @@ class TrajectoryProcessor:
             message = fevent.message
             try:
                 record = GroupRecord.from_bytes(fevent.value)
-                await self._on_group_record(message.partition, record)
-            except (PublishFailed, asyncio.CancelledError):
-                raise
-            except Exception as e:
-                log.exception("group record %s[%d]@%d failed", message.topic, message.partition, message.offset,
-                              extra=_LOG)
-                await self._dead_letter(message, f"processing failed: {type(e).__name__}: {e}")
+            except AdapterError as e:
+                await self._dead_letter(message, str(e))
+                continue
+            for attempt in range(_ATTEMPTS):
+                try:
+                    await self._on_group_record(message.partition, record)
+                    break
+                except (PublishFailed, asyncio.CancelledError):
+                    raise
+                except Exception as e:
+                    self._rebuild_groups(resync=True)
+                    await self._after_failure(message, attempt, e)
 
     async def _on_group_record(self, p: int, record: GroupRecord) -> None:
         state = self._groups[p]
@@ -607,6 +629,9 @@ class TrajectoryProcessor:
     async def _on_groups_recovered(self) -> None:
         resync = "groups" in self._resync
         self._resync.discard("groups")
+        self._rebuild_groups(resync)
+
+    def _rebuild_groups(self, resync: bool) -> None:
         self.tracker = GroupTracker(self.config.group_size, self.config.producer)
         self._groups = defaultdict(_Groups)
         for raw_key, value in self.groups_table.items():

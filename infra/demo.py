@@ -72,12 +72,15 @@ def prepare_model(config: RunConfig, paths: RunPaths) -> Path:
     from infra.toy_task import ideal_conversation
     from trainer_svc.warmup import supervised_warmup
 
-    key = hashlib.sha256(json.dumps([config.model.model_dump(), config.seed, 1]).encode()).hexdigest()[:12]
+    key = hashlib.sha256(
+        json.dumps([config.model.model_dump(), config.tasks.max_operand, config.seed, 1]).encode()
+    ).hexdigest()[:12]
     cached = stack.VAR_DIR / "cache" / f"warm-{key}"
     if not (cached / "model.safetensors").exists():
         base = create_default_model(stack.VAR_DIR / "cache" / f"base-{key}")
         if config.model.warmup_steps:
-            tasks = make_arithmetic_tasks(config.model.warmup_tasks, seed=1000 + config.seed)
+            tasks = make_arithmetic_tasks(config.model.warmup_tasks, seed=1000 + config.seed,
+                                          max_operand=config.tasks.max_operand)
             with console.status(f"warm-up: {config.model.warmup_steps} supervised steps on ideal conversations"):
                 supervised_warmup(base, cached.with_suffix(".tmp"), [ideal_conversation(t) for t in tasks],
                                   [CALCULATOR_TOOL], steps=config.model.warmup_steps, seed=config.seed)
@@ -92,7 +95,7 @@ def write_tasks(config: RunConfig, paths: RunPaths) -> None:
     from agents_adapter.agents import make_arithmetic_tasks
 
     with paths.tasks.open("w") as out:
-        for t in make_arithmetic_tasks(config.tasks.count, seed=config.tasks.seed):
+        for t in make_arithmetic_tasks(config.tasks.count, seed=config.tasks.seed, max_operand=config.tasks.max_operand):
             out.write(json.dumps({"task_id": t.task_id, "question": t.question, "answer": t.answer}) + "\n")
 
 

@@ -27,6 +27,7 @@ class ModelSection(_Strict):
 class TasksSection(_Strict):
     count: int = Field(default=400, ge=1, description="Arithmetic tasks in the dataset.")
     seed: int = Field(default=7, description="Seed of the task generator (distinct from the warm-up's).")
+    max_operand: int = Field(default=9, ge=1, description="Largest operand of the arithmetic problems.")
 
 
 class ResourceSection(_Strict):

@@ -125,9 +125,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tasks", type=int, default=128)
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--seed", type=int, default=1000)
+    parser.add_argument("--max-operand", type=int, default=9)
     args = parser.parse_args(argv)
     logging.basicConfig(level="INFO")
-    tasks = make_arithmetic_tasks(args.tasks, seed=args.seed)
+    tasks = make_arithmetic_tasks(args.tasks, seed=args.seed, max_operand=args.max_operand)
     supervised_warmup(args.model, args.out, [ideal_conversation(t) for t in tasks], [CALCULATOR_TOOL],
                       steps=args.steps, seed=args.seed)
 
