@@ -11,14 +11,12 @@ in a keys file and exits.
 from __future__ import annotations
 
 import argparse
-import logging
-import sys
 from typing import Any
 
 from agents_adapter.config import HASH_PREFIX, AdapterConfig, hash_api_key
 from agents_adapter.errors import ConfigError
 from bus.config import BusConfig
-from inference_svc.__main__ import KeyValueFormatter
+from bus.log import configure_logging
 
 _SPECIAL = {"agent_keys", "inference_endpoints", "bus"}
 
@@ -62,9 +60,7 @@ def main(argv: list[str] | None = None) -> None:
     config = parse_config(argv)
     if config is None:
         return
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(KeyValueFormatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
-    logging.basicConfig(level=config.log_level.upper(), handlers=[handler])
+    configure_logging("agents-adapter", config.log_level)
     import uvicorn
 
     from agents_adapter.app import create_app

@@ -9,29 +9,17 @@ same host/port and waits on it.
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
+from bus.log import configure_logging
 from inference_svc.config import InferenceConfig
 
 if TYPE_CHECKING:
     from inference_svc.bus_shell import InferenceBusShell
     from inference_svc.engine import NativeEngine
-
-_STANDARD_RECORD_KEYS = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
-
-
-class KeyValueFormatter(logging.Formatter):
-    """`ts level logger message key=value ...`, the structured fields coming from `extra=`."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        base = super().format(record)
-        fields = {k: v for k, v in record.__dict__.items() if k not in _STANDARD_RECORD_KEYS}
-        return base + "".join(f" {k}={v}" for k, v in fields.items())
-
 
 def parse_config(argv: list[str] | None = None) -> InferenceConfig:
     parser = argparse.ArgumentParser(prog="python -m inference_svc", description=__doc__.splitlines()[0])
@@ -59,9 +47,7 @@ def parse_config(argv: list[str] | None = None) -> InferenceConfig:
 
 def main(argv: list[str] | None = None) -> None:
     config = parse_config(argv)
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(KeyValueFormatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
-    logging.basicConfig(level=config.log_level.upper(), handlers=[handler])
+    configure_logging(f"inference-{config.resource_id}", config.log_level)
     if config.backend == "sglang":
         from inference_svc.sglang_backend import SGLangServer
 

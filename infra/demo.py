@@ -95,7 +95,8 @@ def write_tasks(config: RunConfig, paths: RunPaths) -> None:
     from agents_adapter.agents import make_arithmetic_tasks
 
     with paths.tasks.open("w") as out:
-        for t in make_arithmetic_tasks(config.tasks.count, seed=config.tasks.seed, max_operand=config.tasks.max_operand):
+        tasks = make_arithmetic_tasks(config.tasks.count, seed=config.tasks.seed, max_operand=config.tasks.max_operand)
+        for t in tasks:
             out.write(json.dumps({"task_id": t.task_id, "question": t.question, "answer": t.answer}) + "\n")
 
 

@@ -62,7 +62,11 @@ def ensure_jars() -> Path:
 
 
 def _kafka_uuid() -> str:
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+    """A cluster id as Kafka writes them; never starting with '-', which its command line reads as a flag."""
+    while True:
+        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not text.startswith("-"):
+            return text
 
 
 def port_open(host: str, port: int, timeout: float = 0.3) -> bool:
