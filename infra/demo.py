@@ -18,6 +18,7 @@ import secrets
 import shutil
 import socket
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from rich.table import Table
 from bus.admin import ensure_topics
 from bus.config import BusConfig
 from infra import stack
+from infra.errors import InfraError
 from infra.kafka.cluster import REPO_ROOT, KafkaCluster
 from infra.launcher import Launcher, ServiceSpec
 from infra.monitor import RunMonitor, RunState
@@ -193,7 +195,12 @@ class RunResult:
     state: RunState
 
 
-def run(config: RunConfig, runs_root: Path | None = None, cluster: KafkaCluster | None = None) -> RunResult:
+def run(
+    config: RunConfig,
+    runs_root: Path | None = None,
+    cluster: KafkaCluster | None = None,
+    faults: Sequence[Fault] = (),
+) -> RunResult:
     """Runs one job end to end. Kafka: `cluster` if given (left running), else the local stack's
     (started and stopped here unless it was already up)."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -219,7 +226,7 @@ def run(config: RunConfig, runs_root: Path | None = None, cluster: KafkaCluster 
         for spec in specs:
             with console.status(f"starting {spec.name}"):
                 launcher.start(spec)
-        follow(config, monitor, launcher)
+        follow(config, monitor, launcher, cluster, faults)
         launcher.stop("rollout-workers")
         adapter_stats = _adapter_stats(specs, admin_key)
         launcher.stop_all()
@@ -234,9 +241,30 @@ def run(config: RunConfig, runs_root: Path | None = None, cluster: KafkaCluster 
             cluster.stop()
 
 
-def follow(config: RunConfig, monitor: RunMonitor, launcher: Launcher) -> None:
+@dataclass(frozen=True)
+class Fault:
+    """Fault injection for tests: once the run has `at_step` train steps, SIGKILL `target` (a service
+    name, restarted at once, or "kafka-node-N", left down)."""
+
+    at_step: int
+    target: str
+
+
+def inject(fault: Fault, launcher: Launcher, cluster: KafkaCluster) -> None:
+    if fault.target.startswith("kafka-node-"):
+        node = cluster.nodes[int(fault.target.rsplit("-", 1)[1]) - 1]
+        cluster.stop_node(node, kill=True)
+    else:
+        launcher.kill(fault.target)
+        launcher.restart(fault.target)
+    log.warning("fault injected", extra={"target": fault.target, "at_step": fault.at_step})
+
+
+def follow(config: RunConfig, monitor: RunMonitor, launcher: Launcher, cluster: KafkaCluster,
+           faults: Sequence[Fault] = ()) -> None:
     """Progress bars until the run has done its steps (or its time is up)."""
     deadline = time.monotonic() + config.run.max_minutes * 60
+    pending = sorted(faults, key=lambda f: f.at_step)
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[info]}"),
                   TimeElapsedColumn(), console=console) as progress:
         steps = progress.add_task("train steps", total=config.run.max_steps, info="")
@@ -249,7 +277,9 @@ def follow(config: RunConfig, monitor: RunMonitor, launcher: Launcher) -> None:
                                           f"  ready groups {s.ready_groups}")
             dead = [n for n in launcher.specs if n not in launcher.running()]
             if dead:
-                raise RuntimeError(f"service(s) exited: {dead}; see {launcher.logs}")
+                raise InfraError(f"service(s) exited: {dead}; see {launcher.logs}")
+            while pending and s.steps >= pending[0].at_step:
+                inject(pending.pop(0), launcher, cluster)
             if s.steps >= config.run.max_steps:
                 break
             time.sleep(1.0)
