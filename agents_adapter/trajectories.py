@@ -54,6 +54,14 @@ Delivery guarantee: effectively once
     input that caused them; and with aiokafka 0.14 on Kafka 4.2 a worker stopped in that mode
     hangs ("IllegalOperation: Not in the middle of a transaction").
 
+Failures
+    An undecodable message (typed_events), a call the core rejects (malformed, or a known call id
+    with other content) and an event of the wrong type go to `dlq` at once, and processing goes on.
+    Any other error rebuilds the state from the table (re-putting every entry: the failed write may
+    be in RocksDB but not in the changelog) and retries the input twice, then dead-letters it. Kafka
+    refusing an output (Trajectory, BatchReady, group record) stops the worker instead: acknowledging
+    the input would lose it; the restart re-reads it.
+
 Local RocksDB ahead of the changelog
     Faust writes a table entry to RocksDB at once and to the changelog asynchronously. A worker
     killed in between restarts with local entries the changelog lacks; re-read inputs are then
