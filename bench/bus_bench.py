@@ -26,13 +26,13 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bus.admin import ensure_topics  # noqa: E402
-from bus.config import BusConfig  # noqa: E402
-from bus.consumer import EventConsumer  # noqa: E402
-from bus.producer import EventProducer  # noqa: E402
-from infra.kafka.cluster import KafkaCluster, free_base_port  # noqa: E402
-from schemas.events import LLMCall, Segment, decode_event, encode_event  # noqa: E402
-from schemas.registry import default_registry  # noqa: E402
+from bus.admin import ensure_topics
+from bus.config import BusConfig
+from bus.consumer import EventConsumer
+from bus.producer import EventProducer
+from infra.kafka.cluster import KafkaCluster, free_base_port
+from schemas.events import LLMCall, Segment, decode_event, encode_event
+from schemas.registry import default_registry
 
 PACKED_AS_ARRAY = {"prompt_ids": "int", "output_ids": "int", "output_versions": "int", "output_logprobs": "float"}
 
