@@ -20,9 +20,9 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from infra.demo import RunResult, run  # noqa: E402
-from infra.kafka.cluster import KafkaCluster, free_base_port  # noqa: E402
-from infra.run_config import RunConfig  # noqa: E402
+from infra.demo import RunResult, run
+from infra.kafka.cluster import KafkaCluster, free_base_port
+from infra.run_config import RunConfig
 
 BASE = Path(__file__).resolve().parents[1] / "infra" / "configs" / "demo.yaml"
 
