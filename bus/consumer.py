@@ -92,6 +92,7 @@ class EventConsumer:
         topics: Iterable[str],
         *,
         dlq: EventProducer | None = None,
+        subscribe: bool = True,
         **overrides: Any,
     ) -> None:
         self.config = config
@@ -100,7 +101,9 @@ class EventConsumer:
         self._dlq = dlq
         self._owns_dlq = dlq is None
         self._consumer = Consumer(consumer_settings(config, group_id, **overrides))
-        self._consumer.subscribe(self.topics)
+        self._subscribed = subscribe
+        if subscribe:
+            self._consumer.subscribe(self.topics)
         self._pending: dict[tuple[str, int], int] = {}
         self.dead_lettered = 0
 
@@ -212,9 +215,11 @@ class EventConsumer:
     def assign(self, starts: dict[tuple[str, int], int | None]) -> None:
         """Reads exactly these partitions from these offsets (None: the beginning), outside any
         group rebalance: for services that keep their own offsets (e.g. in a checkpoint)."""
+        if self._subscribed:
+            # A group join still in flight would revoke (unassign) a manual assignment made now.
+            raise ConsumeError("assign() needs a consumer built with subscribe=False")
         tps = [TopicPartition(t, p, OFFSET_BEGINNING if o is None else o) for (t, p), o in starts.items()]
         try:
-            self._consumer.unsubscribe()
             self._consumer.assign(tps)
         except KafkaException as e:
             raise ConsumeError(f"cannot assign {len(tps)} partitions: {e}") from e

@@ -16,6 +16,7 @@ import logging
 import os
 import secrets
 import shutil
+import signal
 import socket
 import time
 from collections.abc import Sequence
@@ -317,6 +318,10 @@ def summarise(config: RunConfig, paths: RunPaths, monitor: RunMonitor) -> None:
     console.print(f"charts and logs under {paths.root}")
 
 
+def _interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> None:
     import argparse
 
@@ -324,6 +329,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--config", type=Path, default=Path(__file__).with_name("configs") / "demo.yaml")
     args = parser.parse_args(argv)
     logging.basicConfig(level="WARNING")
+    # SIGTERM unwinds like Ctrl-C, so `run` stops every service and the broker it started.
+    signal.signal(signal.SIGTERM, _interrupt)
     run(RunConfig.load(args.config))
 
 

@@ -57,7 +57,12 @@ def up(nodes: int = 1) -> BusConfig:
 
 
 def down() -> list[str]:
+    """Stops the services of every recorded run, then the brokers."""
+    from infra.launcher import stop_recorded
+
     stopped = []
+    for pid_file in sorted((REPO_ROOT / "runs").glob("*/pids.json")):
+        stopped += [f"{pid_file.parent.name}/{name}" for name in stop_recorded(pid_file.parent)]
     for nodes in (1, 3):
         c = cluster(nodes)
         if c.running():

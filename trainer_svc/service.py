@@ -429,7 +429,9 @@ class TrainerService:
         self.producer = EventProducer(config.bus, producer_id=self.producer_id)
         if latest is not None:
             self._republish_last_step(latest)
-        self.consumer = EventConsumer(config.bus, f"trainer.{config.run_id}", self.topics, dlq=self.producer)
+        self.consumer = EventConsumer(
+            config.bus, f"trainer.{config.run_id}", self.topics, dlq=self.producer, subscribe=False
+        )
         self._assign_inputs()
 
     @staticmethod
