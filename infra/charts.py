@@ -27,7 +27,7 @@ def draw_charts(run_dir: Path, state: RunState) -> list[Path]:
         out.append(_save(fig, run_dir / "reward.png"))
     if state.activity:
         t0 = min(spans[0][0] for spans in state.activity.values())
-        fig, ax = plt.subplots(figsize=(8, 0.6 + 0.5 * len(state.activity)))
+        fig, ax = plt.subplots(figsize=(9, 1.6 + 0.5 * len(state.activity)))
         for row, (_rid, spans) in enumerate(sorted(state.activity.items())):
             for (a, act), (b, _) in zip(spans, [*spans[1:], (state.end_ms, "")], strict=True):
                 ax.barh(row, (b - a) / 1000, left=(a - t0) / 1000, color=COLOURS.get(act, "#999999"), height=0.6)
@@ -35,7 +35,7 @@ def draw_charts(run_dir: Path, state: RunState) -> list[Path]:
         ax.set_xlabel("seconds")
         ax.set_title("activity tags per resource")
         handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in COLOURS.values()]
-        ax.legend(handles, list(COLOURS), ncol=4, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.35))
+        ax.legend(handles, list(COLOURS), fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
         out.append(_save(fig, run_dir / "gantt.png"))
     if state.output_tokens:
         t0 = state.output_tokens[0][0]
