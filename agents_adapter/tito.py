@@ -48,6 +48,7 @@ from typing import Any, Final
 import numpy as np
 
 from agents_adapter.errors import TemplateError
+from inference_svc.byte_level import bytes_to_unicode
 
 Message = Mapping[str, Any]
 _PROBE_SYSTEM: Final = "PROBE-SYSTEM"
@@ -244,14 +245,7 @@ def _byte_level_decoder(tokenizer: Any) -> dict[str, int] | None:
         getattr(backend, "decoder", None)
     ):
         return None
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    mapping = {b: chr(b) for b in printable}
-    shift = 0
-    for b in range(256):
-        if b not in mapping:
-            mapping[b] = chr(256 + shift)
-            shift += 1
-    return {char: byte for byte, char in mapping.items()}
+    return {char: byte for byte, char in bytes_to_unicode().items()}
 
 
 # ------------------------------------------------------------------------------------- canonical form

@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from inference_svc.byte_level import bytes_to_unicode
+
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
 END_OF_TEXT = "<|endoftext|>"
@@ -47,24 +49,12 @@ def chat_template() -> str:
     return resources.files("inference_svc").joinpath(CHAT_TEMPLATE_FILE).read_text(encoding="utf-8")
 
 
-def _bytes_to_unicode() -> dict[int, str]:
-    """Byte -> printable character map used by byte-level BPE, so ids 0..255 are the byte values."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    mapping = {b: chr(b) for b in printable}
-    shift = 0
-    for b in range(256):
-        if b not in mapping:
-            mapping[b] = chr(256 + shift)
-            shift += 1
-    return mapping
-
-
 def build_tokenizer() -> Any:
     """Byte-level tokenizer (a PreTrainedTokenizerFast): ids 0..255 are bytes, then the special tokens."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {char: byte for byte, char in _bytes_to_unicode().items()}
+    vocab = {char: byte for byte, char in bytes_to_unicode().items()}
     backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     backend.decoder = decoders.ByteLevel()
