@@ -274,13 +274,9 @@ class SchedulerService:
 
     def run(self, stop: threading.Event) -> None:
         self.start()
-        consumer = EventConsumer(
-            self.config.bus,
-            consumer_group(self.config),
-            INPUT_TOPICS,
-            dlq=self.producer,
-            **{"group.instance.id": self.config.instance_id, "session.timeout.ms": 10_000},
-        )
+        membership: dict[str, Any] = {"group.instance.id": self.config.instance_id, "session.timeout.ms": 10_000}
+        consumer = EventConsumer(self.config.bus, consumer_group(self.config), INPUT_TOPICS, dlq=self.producer,
+                                 **membership)
         log.info("scheduler consuming", extra={"service": "scheduler", "run": self.config.run_id,
                                                 "topics": ",".join(INPUT_TOPICS)})
         tick = self.config.tick_interval_s
