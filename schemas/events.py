@@ -620,12 +620,15 @@ def _to_record(obj: Any) -> dict[str, Any]:
 
 
 def _from_record(cls: Any, record: dict[str, Any]) -> Any:
+    """Builds the dataclass without running __init__: the reader schema guarantees every field and its
+    type, and packed fields are already wrapped, so the hot decode path skips the checks of __init__."""
     try:
-        return cls(
-            **{attr: record[avro] if dec is None else dec(record[avro]) for attr, avro, _, dec in _converters(cls)}
-        )
+        values = {attr: record[avro] if dec is None else dec(record[avro]) for attr, avro, _, dec in _converters(cls)}
     except (KeyError, TypeError, ValueError) as e:
         raise DecodeError(f"{cls.__name__}: {type(e).__name__}: {e}") from e
+    obj = object.__new__(cls)
+    obj.__dict__.update(values)
+    return obj
 
 
 def encode_event(event: Event) -> bytes:
