@@ -128,6 +128,7 @@ class EpisodeResult:
     tool_calls: int = 0
     tool_errors: int = 0
     answered: bool = False  # False: max_turns reached while the model was still calling tools
+    last_tool_output: str = ""  # what the calculator returned last (empty after a tool error)
 
 
 def run_tool(name: str, arguments: str) -> tuple[str, bool]:
@@ -178,6 +179,7 @@ class CalculatorAgent:
             content, ok = run_tool(call.function.name, call.function.arguments)
             result.tool_calls += 1
             result.tool_errors += 0 if ok else 1
+            result.last_tool_output = content if ok else ""
             messages.append({"role": "tool", "tool_call_id": call.id, "content": content})
         return result.turns >= self.max_turns
 

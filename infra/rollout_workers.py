@@ -46,13 +46,25 @@ class WorkerConfig:
 
 
 FORMAT_REWARD = 0.2  # the episode used the calculator correctly (a tool call that parsed and ran)
+REPORT_REWARD = 0.3  # the final answer reports what the calculator returned
+CORRECT_REWARD = 0.5  # the final answer is the task's answer
 
 
 def shaped_reward(result: EpisodeResult, task: ArithmeticTask) -> float:
-    """Format + correctness, as in R1-style RL: a small reward for a working tool call gives GRPO a
-    signal before the first correct answers, the rest only for the right final number."""
+    """Format, faithful report, correctness — R1-style shaping for a tool agent: the small rewards for
+    calling the tool and reporting its result give GRPO a signal before correct answers are common."""
     used_tool = result.tool_calls > 0 and result.tool_errors == 0
-    return FORMAT_REWARD * used_tool + (1.0 - FORMAT_REWARD) * verify(result.answer, task)
+    reported = used_tool and result.answered and result.last_tool_output != "" and verify(
+        result.answer, ArithmeticTask(task.task_id, "", _number(result.last_tool_output))) == 1.0
+    correct = verify(result.answer, task)
+    return FORMAT_REWARD * used_tool + REPORT_REWARD * reported + CORRECT_REWARD * correct
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        return float("nan")
 
 
 async def run_episode(
