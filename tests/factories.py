@@ -7,6 +7,7 @@ import enum
 import typing
 from typing import Any
 
+from inference_svc.default_model import DefaultModelSpec
 from schemas import events as ev
 from schemas.packed import Float32s, PackedArray, UInt8s
 
@@ -52,3 +53,15 @@ def example(cls: Any, i: int = 0, **overrides: Any) -> Any:
 
 
 ALL_EVENT_TYPES = list(ev.EVENT_TYPES.values())
+
+# The small Qwen3 the inference and trainer tests build (seconds on one core).
+TINY_SPEC = DefaultModelSpec(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=1024,
+    seed=0,
+)

@@ -12,19 +12,9 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from inference_svc.default_model import DefaultModelSpec, create_default_model, write_perturbed_checkpoint
+from inference_svc.default_model import create_default_model, write_perturbed_checkpoint
 from inference_svc.engine import NativeEngine
-
-TINY_SPEC = DefaultModelSpec(
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    max_position_embeddings=1024,
-    seed=0,
-)
+from tests.factories import TINY_SPEC
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -42,7 +42,7 @@ from schemas.events import (
     WeightsPublished,
 )
 from schemas.packed import Float32s, Int32s
-from tests.unit.trainer.trainer_helpers import TINY_SPEC
+from tests.factories import TINY_SPEC
 from trainer_svc import checkpoint as ckpt
 from trainer_svc.config import ServiceConfig
 from trainer_svc.errors import ConfigError

@@ -12,7 +12,7 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from tests.unit.trainer.trainer_helpers import TINY_SPEC
+from tests.factories import TINY_SPEC
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -18,7 +18,7 @@ from torch import nn
 
 from schemas.events import Trajectory, TrajectoryNode
 from schemas.packed import Float32s, Int32s, UInt8s
-from tests.unit.trainer.trainer_helpers import TINY_SPEC
+from tests.factories import TINY_SPEC
 from trainer_svc.config import AlgorithmConfig, EngineConfig, TrainerConfig
 from trainer_svc.trainer import Trainer
 

@@ -5,21 +5,10 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from inference_svc.default_model import DefaultModelSpec
 from schemas.events import Trajectory, TrajectoryNode
 from schemas.packed import Float32s, Int32s, UInt8s
 from trainer_svc.config import AlgorithmConfig, EngineConfig, TrainerConfig
 
-TINY_SPEC = DefaultModelSpec(
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    max_position_embeddings=1024,
-    seed=0,
-)
 VOCAB = 256  # byte ids; every one is a valid token of the default tokenizer
 
 
