@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -31,6 +30,7 @@ from scheduler_svc.journal import Source, decision_event_id
 from scheduler_svc.service import new_scheduler, read_journal, rebuild
 from schemas import events as ev
 from schemas.packed import Float32s, Int32s, UInt8s
+from tests.service_process import ServiceProcess
 
 REPO = Path(__file__).resolve().parents[2]
 RUN = "run-t"
@@ -48,63 +48,21 @@ def write_dataset(path: Path, n: int) -> Path:
     return path
 
 
-class Service:
-    """`python -m scheduler_svc` in its own process group, logging to a file."""
+class Service(ServiceProcess):
+    """`python -m scheduler_svc` with the test run's settings."""
 
     def __init__(self, bus: BusConfig, tmp: Path, dataset: Path, **options: object) -> None:
-        self.bus, self.log, self.state_file = bus, tmp / "scheduler.log", tmp / "state.json"
-        self.options: dict[str, object] = {
+        self.state_file = tmp / "state.json"
+        super().__init__("scheduler_svc", bus, tmp / "scheduler.log", {
             "dataset": dataset, "run-id": RUN, "instance-id": INSTANCE, "train-batch-groups": 2,
             "samples-per-task": 2, "max-inflight-samples-per-resource": 4, "heartbeat-timeout-s": 3600,
             "model": "m", "initial-weights-uri": "file:///w0", "snapshot-interval-s": 0,
             "state-file": self.state_file, "tick-interval-s": 0.2, **options,
-        }
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.starts = 0
-
-    def args(self) -> list[str]:
-        out = [sys.executable, "-m", "scheduler_svc"]
-        for name, value in self.options.items():
-            out += [f"--{name}", str(value)]
-        return out
-
-    def env(self) -> dict[str, str]:
-        return {**os.environ, "PYTHONPATH": str(REPO), "SFLOW_BOOTSTRAP": self.bus.bootstrap_servers,
-                "SFLOW_TOPIC_PREFIX": self.bus.topic_prefix}
-
-    def start(self) -> Service:
-        self.starts += 1
-        with open(self.log, "ab") as out:
-            out.write(f"\n===== start {self.starts} =====\n".encode())
-            self.proc = subprocess.Popen(self.args(), cwd=REPO, env=self.env(), stdout=out, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
-        return self
+        })
 
     def wait_consuming(self, timeout_s: float = 60.0) -> str:
         """Until this start rebuilt its state and started consuming; returns this start's log."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            text = self.log.read_text(errors="replace").rsplit(f"===== start {self.starts} =====", 1)[-1]
-            if "scheduler consuming" in text:
-                return text
-            assert self.proc is not None and self.proc.poll() is None, f"service exited:\n{self.tail()}"
-            time.sleep(0.1)
-        raise AssertionError(f"service not consuming after {timeout_s}s:\n{self.tail()}")
-
-    def kill(self) -> None:
-        """SIGKILL: no flush, no commit, no final checkpoint."""
-        assert self.proc is not None
-        os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(10)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
+        return self.wait_for_log("scheduler consuming", timeout_s)
 
     def dump_state(self) -> dict[str, Any]:
         out = subprocess.run([*self.args(), "--dump-state"], cwd=REPO, env=self.env(), capture_output=True,
@@ -116,9 +74,6 @@ class Service:
     def saved_state(self) -> dict[str, Any]:
         state: dict[str, Any] = json.loads(self.state_file.read_text())
         return state
-
-    def tail(self, n: int = 60) -> str:
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
 
 
 def config_of(bus: BusConfig, dataset: Path) -> SchedulerServiceConfig:

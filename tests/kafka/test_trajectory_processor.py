@@ -10,12 +10,8 @@ Faust's Kafka client reads through cramjam).
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 import shutil
-import signal
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter, defaultdict
@@ -49,6 +45,7 @@ from schemas.events import (
     encode_event,
     now_ms,
 )
+from tests.service_process import ServiceProcess
 
 REPO = Path(__file__).resolve().parents[2]
 APP = "trajectory-processor"
@@ -57,64 +54,23 @@ APP = "trajectory-processor"
 # --- helpers -----------------------------------------------------------------------------------
 
 
-class Worker:
-    """`python -m agents_adapter.trajectories` in its own process group, logging to a file."""
+class Worker(ServiceProcess):
+    """`python -m agents_adapter.trajectories` with short timers for tests."""
 
     def __init__(self, config: BusConfig, data_dir: Path, log: Path, **options: object) -> None:
-        self.config, self.data_dir, self.log = config, data_dir, log
-        self.options = {"tick-interval-s": 0.3, "session-timeout-s": 6, "commit-interval-s": 0.5,
-                        "log-level": "info", **options}
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.starts = 0
-
-    def start(self) -> Worker:
-        args = [sys.executable, "-m", "agents_adapter.trajectories", "--data-dir", str(self.data_dir)]
-        for name, value in self.options.items():
-            args += [f"--{name}", str(value)]
-        env = {**os.environ, "PYTHONPATH": str(REPO), "SFLOW_BOOTSTRAP": self.config.bootstrap_servers,
-               "SFLOW_TOPIC_PREFIX": self.config.topic_prefix}
-        self.starts += 1
-        with open(self.log, "ab") as out:
-            out.write(f"\n===== start {self.starts} =====\n".encode())
-            self.proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
-        return self
+        self.config, self.data_dir = config, data_dir
+        super().__init__("agents_adapter.trajectories", config, log, {
+            "data-dir": data_dir, "tick-interval-s": 0.3, "session-timeout-s": 6, "commit-interval-s": 0.5,
+            "log-level": "info", **options})
 
     def wait_ready(self, timeout_s: float = 60.0) -> None:
         """Until this start logged that recovery is over and the streams run."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if "Worker ready" in self._this_start_log():
-                return
-            assert self.proc is not None and self.proc.poll() is None, f"worker exited:\n{self.tail()}"
-            time.sleep(0.1)
-        raise AssertionError(f"worker not ready after {timeout_s}s:\n{self.tail()}")
-
-    def kill(self) -> None:
-        """SIGKILL: no flush, no commit, no leaving the group."""
-        assert self.proc is not None
-        os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(10)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
+        self.wait_for_log("Worker ready", timeout_s)
 
     def recovered_open_sessions(self) -> int:
-        found = re.findall(r"recovered (\d+) open sessions", self._this_start_log())
+        found = re.findall(r"recovered (\d+) open sessions", self.this_start_log())
         assert found, f"no recovery line in this start's log:\n{self.tail()}"
         return int(found[-1])
-
-    def _this_start_log(self) -> str:
-        return self.log.read_text(errors="replace").rsplit(f"===== start {self.starts} =====", 1)[-1]
-
-    def tail(self, n: int = 60) -> str:
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
 
 
 @pytest.fixture
