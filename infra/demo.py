@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from bus.admin import ensure_topics
@@ -72,11 +72,11 @@ def prepare_model(config: RunConfig, paths: RunPaths) -> Path:
     """Base model + supervised warm-up, cached by its settings under var/cache (a re-run is instant)."""
     from agents_adapter.agents import CALCULATOR_TOOL, make_arithmetic_tasks
     from inference_svc.default_model import create_default_model
-    from infra.toy_task import ideal_conversation
+    from infra.toy_task import warmup_conversations
     from trainer_svc.warmup import supervised_warmup
 
     key = hashlib.sha256(
-        json.dumps([config.model.model_dump(), config.tasks.max_operand, config.seed, 1]).encode()
+        json.dumps([config.model.model_dump(), config.tasks.max_operand, config.seed, 2]).encode()
     ).hexdigest()[:12]
     cached = stack.VAR_DIR / "cache" / f"warm-{key}"
     if not (cached / "model.safetensors").exists():
@@ -84,9 +84,15 @@ def prepare_model(config: RunConfig, paths: RunPaths) -> Path:
         if config.model.warmup_steps:
             tasks = make_arithmetic_tasks(config.model.warmup_tasks, seed=1000 + config.seed,
                                           max_operand=config.tasks.max_operand)
-            with console.status(f"warm-up: {config.model.warmup_steps} supervised steps on ideal conversations"):
-                supervised_warmup(base, cached.with_suffix(".tmp"), [ideal_conversation(t) for t in tasks],
-                                  [CALCULATOR_TOOL], steps=config.model.warmup_steps, seed=config.seed)
+            conversations = warmup_conversations(tasks, config.model.warmup_direct_fraction, seed=config.seed)
+            with Progress(TextColumn("warm-up (supervised, cached after the first run)"), BarColumn(),
+                          MofNCompleteColumn(), TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn(),
+                          console=console) as progress:
+                bar = progress.add_task("warm-up", total=config.model.warmup_steps, loss="-")
+                supervised_warmup(base, cached.with_suffix(".tmp"), conversations, [CALCULATOR_TOOL],
+                                  steps=config.model.warmup_steps, seed=config.seed,
+                                  on_step=lambda step, loss: progress.update(bar, completed=step + 1,
+                                                                             loss=f"{loss:.3f}"))
             cached.with_suffix(".tmp").rename(cached)
         else:
             shutil.copytree(base, cached)
@@ -162,7 +168,8 @@ def service_specs(
         "--instance-id", "scheduler-0"), env))
     trainer_args = ["--run-id", config.name, "--base-model-dir", str(paths.model), "--weights-root",
                     str(paths.weights), "--model-name", MODEL_NAME,
-                    "--set", f"engine.learning_rate={config.trainer.learning_rate}"]
+                    "--set", f"engine.learning_rate={config.trainer.learning_rate}",
+                    "--set", f"algorithm.aggregation={config.trainer.aggregation}"]
     for rid in train_ids:
         trainer_args += ["--resource-id", rid]
     specs.append(ServiceSpec("trainer", "trainer_svc", tuple(trainer_args),

@@ -20,8 +20,11 @@ class KafkaSection(_Strict):
 
 
 class ModelSection(_Strict):
-    warmup_tasks: int = Field(default=512, ge=1, description="Ideal conversations for the supervised warm-up.")
-    warmup_steps: int = Field(default=120, ge=0, description="Warm-up optimizer steps (0: start from random).")
+    warmup_tasks: int = Field(default=2048, ge=1, description="Demonstrations in the supervised warm-up.")
+    warmup_steps: int = Field(default=1200, ge=0, description="Warm-up optimizer steps (0: start from random).")
+    warmup_direct_fraction: float = Field(
+        default=0.5, ge=0.0, le=1.0,
+        description="Share of warm-up demonstrations that answer without the tool (what RL must unlearn).")
 
 
 class TasksSection(_Strict):
@@ -50,7 +53,10 @@ class SchedulerSection(_Strict):
 
 
 class TrainerSection(_Strict):
-    learning_rate: float = Field(default=5e-4, gt=0)
+    learning_rate: float = Field(default=3e-4, gt=0)
+    aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"] = Field(
+        default="seq_mean_token_mean",
+        description="Loss aggregation: per-session means keep long failed sessions from dominating a step.")
 
 
 class AgentSection(_Strict):

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import random
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,16 @@ def to_example(tokenizer: Any, messages: Conversation, tools: Sequence[dict[str,
     return Example(full, mask)
 
 
+def learning_rate_factor(step: int, steps: int, warmup_fraction: float = 0.1, floor: float = 0.1) -> float:
+    """Linear warm-up then cosine decay to `floor`: a constant rate this high leaves a small model
+    oscillating, and sampled at temperature 1 every wobble shows up as broken tool-call syntax."""
+    warmup = max(1, int(steps * warmup_fraction))
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, steps - warmup)
+    return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
 def supervised_warmup(
     model_dir: Path,
     out_dir: Path,
@@ -68,8 +79,12 @@ def supervised_warmup(
     batch_size: int = 8,
     lr: float = 2e-3,
     seed: int = 0,
+    on_step: Callable[[int, float], None] | None = None,
 ) -> Path:
-    """Trains on the assistant tokens of `conversations` and saves an HF directory at `out_dir`."""
+    """Trains on the assistant tokens of `conversations` and saves an HF directory at `out_dir`.
+
+    `on_step(step, loss)` is called after every optimizer step (progress bars live in the caller).
+    """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if steps < 1 or batch_size < 1:
@@ -81,6 +96,7 @@ def supervised_warmup(
     model.train()
     examples = [to_example(tokenizer, c, tools) for c in conversations]
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: learning_rate_factor(step, steps))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     for step in range(steps):
         batch = [examples[rng.randrange(len(examples))] for _ in range(batch_size)]
@@ -104,6 +120,9 @@ def supervised_warmup(
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
+        schedule.step()
+        if on_step is not None:
+            on_step(step, float(loss.detach()))
         if step % 50 == 0 or step == steps - 1:
             log.info("warm-up step", extra={"step": step, "loss": round(float(loss.detach()), 4)})
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -117,20 +136,22 @@ def supervised_warmup(
 
 def main(argv: list[str] | None = None) -> None:
     from agents_adapter.agents import CALCULATOR_TOOL, make_arithmetic_tasks
-    from infra.toy_task import ideal_conversation
+    from infra.toy_task import warmup_conversations
 
     parser = argparse.ArgumentParser(prog="python -m trainer_svc.warmup", description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--tasks", type=int, default=128)
-    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--tasks", type=int, default=2048)
+    parser.add_argument("--steps", type=int, default=1200)
+    parser.add_argument("--direct-fraction", type=float, default=0.5,
+                        help="share of demonstrations that answer without the tool")
     parser.add_argument("--seed", type=int, default=1000)
     parser.add_argument("--max-operand", type=int, default=9)
     args = parser.parse_args(argv)
     logging.basicConfig(level="INFO")
     tasks = make_arithmetic_tasks(args.tasks, seed=args.seed, max_operand=args.max_operand)
-    supervised_warmup(args.model, args.out, [ideal_conversation(t) for t in tasks], [CALCULATOR_TOOL],
-                      steps=args.steps, seed=args.seed)
+    conversations = warmup_conversations(tasks, args.direct_fraction, seed=args.seed)
+    supervised_warmup(args.model, args.out, conversations, [CALCULATOR_TOOL], steps=args.steps, seed=args.seed)
 
 
 if __name__ == "__main__":

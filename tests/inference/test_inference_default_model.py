@@ -50,7 +50,9 @@ def test_byte_level_tokenizer_round_trips_and_keeps_specials_whole(default_dir: 
 
 def test_chat_template_renders_tools_calls_and_results(default_dir: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(str(default_dir), local_files_only=True)
-    tools: list[dict[str, Any]] = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
+    tools: list[dict[str, Any]] = [{"type": "function", "function": {
+        "name": "add", "description": "Adds two integers.",
+        "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}}}]
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "1+2?"},
@@ -60,8 +62,8 @@ def test_chat_template_renders_tools_calls_and_results(default_dir: Path) -> Non
         {"role": "tool", "content": "done"},
     ]
     text = str(tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True))  # type: ignore[arg-type]
-    assert text.startswith("<|im_start|>system\nBe brief.\n\n# Tools")
-    assert '{"type": "function", "function": {"name": "add"' in text
+    assert text.startswith("<|im_start|>system\nBe brief.\n\n<tools>\nadd(a: integer, b: integer) Adds two integers.\n"
+                           "</tools><|im_end|>\n")
     call = '{"name": "add", "arguments": {"a": 1, "b": 2}}'
     assert f"<|im_start|>assistant\n<tool_call>\n{call}\n</tool_call><|im_end|>" in text
     results = "<tool_response>\n3\n</tool_response>\n<tool_response>\ndone\n</tool_response>"
