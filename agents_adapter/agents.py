@@ -152,18 +152,23 @@ def run_tool(name: str, arguments: str) -> tuple[str, bool]:
 class CalculatorAgent:
     """The agent loop; `run` (sync client) and `arun` (async client) share `_observe`."""
 
-    def __init__(self, model: str, *, max_turns: int = 4, max_tokens: int = 64, temperature: float = 1.0) -> None:
+    def __init__(self, model: str, *, max_turns: int = 4, max_tokens: int = 64, temperature: float = 1.0,
+                 ignore_eos: bool = False) -> None:
         self.model = model
         self.max_turns = max_turns
         self.max_tokens = max_tokens
         self.temperature = temperature
+        self.ignore_eos = ignore_eos  # vendor extension (SGLang, vLLM): fixed-length generations
 
     def first_messages(self, task: ArithmeticTask) -> list[dict[str, Any]]:
         return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": task.question}]
 
     def _request(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
-        return {"model": self.model, "messages": messages, "tools": [CALCULATOR_TOOL],
-                "max_tokens": self.max_tokens, "temperature": self.temperature}
+        request = {"model": self.model, "messages": messages, "tools": [CALCULATOR_TOOL],
+                   "max_tokens": self.max_tokens, "temperature": self.temperature}
+        if self.ignore_eos:
+            request["extra_body"] = {"ignore_eos": True}
+        return request
 
     def _observe(self, result: EpisodeResult, messages: list[dict[str, Any]], message: Any) -> bool:
         """Appends the reply (as served) and the tool results; True when the episode is over."""

@@ -110,13 +110,22 @@ def write_tasks(config: RunConfig, paths: RunPaths) -> None:
 
 
 def _adapter_stats(specs: list[ServiceSpec], admin_key: str) -> dict[str, object]:
-    """The proxy's own counters (calls served, recorded), read before it stops."""
+    """The proxy's own counters (calls served, recorded), read before it stops.
+
+    The proxy is drained first: a call whose agent has gone may still be generating (or be paused for
+    a train step), and it is recorded when it finishes; the counters are read once none is in flight.
+    """
     import httpx
 
     adapter = next(s for s in specs if s.name == "adapter")
     base = (adapter.health_url or "").removesuffix("/health")
+    auth = {"Authorization": f"Bearer {admin_key}"}
     try:
-        reply = httpx.get(f"{base}/admin/stats", headers={"Authorization": f"Bearer {admin_key}"}, timeout=10)
+        drained = httpx.post(f"{base}/admin/drain", headers=auth, timeout=70,
+                             json={"stop_accepting": True, "timeout_s": 60, "end_sessions": False})
+        if drained.status_code != 200 or drained.json().get("inflight"):
+            log.warning("proxy not drained", extra={"reply": drained.text[:200]})
+        reply = httpx.get(f"{base}/admin/stats", headers=auth, timeout=10)
         return dict(reply.json()) if reply.status_code == 200 else {"error": reply.text}
     except httpx.HTTPError as e:
         return {"error": str(e)}
@@ -189,7 +198,8 @@ def service_specs(
     specs.append(ServiceSpec("rollout-workers", "infra.rollout_workers", (
         "--base-url", f"http://127.0.0.1:{adapter_port}/v1", "--api-key", api_key, "--model", MODEL_NAME,
         "--concurrency", str(agent.concurrency), "--max-turns", str(agent.max_turns),
-        "--max-tokens", str(agent.max_tokens), "--temperature", str(agent.temperature)), env))
+        "--max-tokens", str(agent.max_tokens), "--temperature", str(agent.temperature),
+        *(["--ignore-eos"] if agent.ignore_eos else [])), env))
     return specs
 
 
@@ -302,6 +312,7 @@ def summarise(config: RunConfig, paths: RunPaths, monitor: RunMonitor) -> None:
     first = sum(rewards[:k]) / k if rewards else float("nan")
     last = sum(rewards[-k:]) / k if rewards else float("nan")
     util = s.utilisation()
+    work = s.work_share()
     table = Table(title=f"run {paths.root.name}")
     table.add_column("measure")
     table.add_column("value", justify="right")
@@ -311,15 +322,18 @@ def summarise(config: RunConfig, paths: RunPaths, monitor: RunMonitor) -> None:
     table.add_row("LLM calls / sessions", f"{s.calls} / {s.trajectories}")
     table.add_row("rollout tokens/s (mean)", f"{s.mean_tokens_per_s:,.1f}")
     for rid, (busy, idle) in sorted(util.items()):
-        table.add_row(f"utilisation {rid} (bubble)", f"{busy:.0%} ({idle:.0%})")
+        table.add_row(f"{rid}: tagged busy / measured work / idle",
+                      f"{busy:.0%} / {work.get(rid, 0.0):.0%} / {idle:.0%}")
     table.add_row("staleness of trained tokens (mean)", f"{s.mean_staleness:.2f}")
     table.add_row("weight-sync pause ms (mean / max)", f"{s.mean_pause_ms:.0f} / {s.max_pause_ms:.0f}")
+    spanning = sum(1 for versions in s.versions_per_call if len(versions) > 1)
+    table.add_row("calls spanning a weight update", f"{spanning} / {s.calls}")
     console.print(table)
     charts = draw_charts(paths.root, s)
     summary = {"reward_first": first, "reward_last": last, "steps": s.steps, "calls": s.calls,
                "sessions": s.trajectories, "tokens_per_s": s.mean_tokens_per_s,
-               "utilisation": {r: {"busy": b, "idle": i} for r, (b, i) in util.items()},
-               "mean_staleness": s.mean_staleness, "mean_pause_ms": s.mean_pause_ms,
+               "utilisation": {r: {"busy": b, "work": work.get(r, 0.0), "idle": i} for r, (b, i) in util.items()},
+               "mean_staleness": s.mean_staleness, "mean_pause_ms": s.mean_pause_ms, "calls_spanning_update": spanning,
                "charts": [str(c) for c in charts]}
     (paths.root / "summary.json").write_text(json.dumps(summary, indent=2))
     console.print(f"charts and logs under {paths.root}")

@@ -18,6 +18,29 @@ from schemas import events as ev
 
 TOPICS = ("llm.calls", "trajectories", "train", "weights", "scheduler")
 BUSY = frozenset({"rollout", "train", "reference", "critic"})
+Span = tuple[int, int]  # [start ms, end ms)
+
+
+def merge_spans(spans: list[Span]) -> list[Span]:
+    """The union of time spans as sorted, disjoint spans."""
+    merged: list[Span] = []
+    for t0, t1 in sorted(s for s in spans if s[1] > s[0]):
+        if merged and t0 <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], t1))
+        else:
+            merged.append((t0, t1))
+    return merged
+
+
+def intersect_spans(a: list[Span], b: list[Span]) -> list[Span]:
+    """The parts of spans `a` that fall inside spans `b`."""
+    out = []
+    for a0, a1 in merge_spans(a):
+        for b0, b1 in merge_spans(b):
+            lo, hi = max(a0, b0), min(a1, b1)
+            if hi > lo:
+                out.append((lo, hi))
+    return out
 
 
 @dataclass
@@ -34,6 +57,8 @@ class RunState:
     pauses_ms: list[float] = field(default_factory=list)
     activity: dict[str, list[tuple[int, str]]] = field(default_factory=lambda: defaultdict(list))
     versions_per_call: list[tuple[int, ...]] = field(default_factory=list)
+    generating: dict[str, list[Span]] = field(default_factory=lambda: defaultdict(list))  # engine runs
+    train_spans: list[Span] = field(default_factory=list)
     end_ms: int = 0
 
     @property
@@ -85,12 +110,32 @@ class RunState:
             out[rid] = (busy / total, idle / total)
         return out
 
+    def work_share(self) -> dict[str, float]:
+        """Share of each resource's time spent on real work, measured rather than tagged: the union of
+        the engine runs (call segments) it served, plus the train steps that ran while it held `train`.
+
+        A resource tagged `rollout` whose engine has nothing to generate counts as tagged-busy in
+        `utilisation` but not here; the gap between the two is rollout capacity the run left unused.
+        """
+        out: dict[str, float] = {}
+        for rid, spans in self.activity.items():
+            if not spans:
+                continue
+            training = [(t0, t1) for (t0, act), (t1, _) in zip(spans, [*spans[1:], (self.end_ms, "")], strict=True)
+                        if act == "train"]
+            work = merge_spans([*self.generating.get(rid, []), *intersect_spans(self.train_spans, training)])
+            total = max(1.0, float(self.end_ms - spans[0][0]))
+            out[rid] = sum(t1 - t0 for t0, t1 in work) / total
+        return out
+
     def apply(self, event: ev.Event) -> None:
         self.end_ms = max(self.end_ms, event.ts_ms)
         if isinstance(event, ev.LLMCall):
             self.calls += 1
             self.output_tokens.append((event.completed_ms, len(event.output_ids)))
             self.versions_per_call.append(tuple(sorted(set(event.output_versions.tolist()))))
+            for seg in event.segments:
+                self.generating[seg.resource_id].append((seg.started_ms, seg.ended_ms))
         elif isinstance(event, ev.Trajectory):
             self.trajectories += 1
         elif isinstance(event, ev.BatchReady):
@@ -98,6 +143,7 @@ class RunState:
         elif isinstance(event, ev.TrainStepCompleted):
             if all(s != event.step for s, _ in self.rewards):
                 self.rewards.append((event.step, event.reward_mean))
+                self.train_spans.append((event.ts_ms - int(event.duration_ms), event.ts_ms))
                 self.version = max(self.version, event.new_version)
                 for i, n in enumerate(event.staleness_histogram):
                     if i >= len(self.staleness):

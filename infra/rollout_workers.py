@@ -33,7 +33,7 @@ log = logging.getLogger("sflow.rollout")
 @dataclass(frozen=True)
 class WorkerConfig:
     """base_url: the proxy's OpenAI base URL (…/v1). concurrency: sessions running at once.
-    max_turns / max_tokens / temperature: the agent's settings."""
+    max_turns / max_tokens / temperature / ignore_eos: the agent's settings."""
 
     base_url: str
     api_key: str
@@ -42,6 +42,7 @@ class WorkerConfig:
     max_turns: int = 3
     max_tokens: int = 96
     temperature: float = 1.0
+    ignore_eos: bool = False
     group_id: str = "rollout-workers"
 
 
@@ -124,7 +125,7 @@ async def serve(config: WorkerConfig, bus: BusConfig, stop: threading.Event) -> 
     consumer = EventConsumer(bus, config.group_id, ["tasks"])
     commits = InOrderCommits(consumer)
     agent = CalculatorAgent(config.model, max_turns=config.max_turns, max_tokens=config.max_tokens,
-                            temperature=config.temperature)
+                            temperature=config.temperature, ignore_eos=config.ignore_eos)
     slots = asyncio.Semaphore(config.concurrency)
     running: set[asyncio.Task[None]] = set()
 
@@ -163,10 +164,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-turns", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--ignore-eos", action="store_true", help="every call generates its whole max_tokens")
     args = parser.parse_args(argv)
     configure_logging("rollout-workers")
     config = WorkerConfig(args.base_url, args.api_key, args.model, args.concurrency, args.max_turns,
-                          args.max_tokens, args.temperature)
+                          args.max_tokens, args.temperature, args.ignore_eos)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

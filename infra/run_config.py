@@ -64,6 +64,10 @@ class AgentSection(_Strict):
     max_turns: int = Field(default=3, ge=1)
     max_tokens: int = Field(default=80, ge=1)
     temperature: float = Field(default=1.0, gt=0)
+    ignore_eos: bool = Field(
+        default=False,
+        description="Every call generates its whole max_tokens (SGLang/vLLM extension, as serving benchmarks use): "
+                    "long, fixed-length generations make rollout the bottleneck, as on real jobs.")
 
 
 class RunSection(_Strict):

@@ -19,15 +19,17 @@ CONFIG = {
     "name": "e2e",
     "model": {"warmup_tasks": 32, "warmup_steps": 10},
     "tasks": {"count": 200},
+    # Colocated: every resource rolls out and trains. When a batch is ready the groups dispatched
+    # ahead of it (staleness 2) are still generating: the train step preempts them in place, and they
+    # resume under the new weights, so calls span the weight update (partial rollout). Fixed-length
+    # generations (ignore_eos) keep requests long enough to be caught.
     "inference": {"max_running_requests": 32, "resources": [
-        {"id": "r0", "cpus": [0], "capabilities": ["rollout"]},
+        {"id": "r0", "cpus": [0], "capabilities": ["rollout", "train"]},
         {"id": "r1", "cpus": [1], "capabilities": ["rollout", "train"]},
     ]},
-    # Staleness 2 keeps the loader dispatching during train steps, so engines are busy when weights
-    # change and some calls span the swap (partial rollout).
-    "scheduler": {"policy": "spatiotemporal", "train_resources": 1, "train_batch_groups": 2,
+    "scheduler": {"policy": "colocated", "train_resources": 1, "train_batch_groups": 2,
                   "samples_per_task": 4, "max_staleness": 2},
-    "agent": {"concurrency": 16, "max_turns": 2, "max_tokens": 120},
+    "agent": {"concurrency": 16, "max_turns": 2, "max_tokens": 160, "ignore_eos": True},
     "run": {"max_steps": 4, "max_minutes": 8},
 }
 
@@ -55,13 +57,16 @@ def test_short_job_through_every_service(kafka_cluster: KafkaCluster, tmp_path: 
     assert loads and max(e.version for e in loads) >= 2
     versions_seen = {v for c in calls.values() for v in c.output_versions}
     assert len(versions_seen) >= 2
-    # Calls that spanned a swap carry both versions, in order. In this small job the strict loader
-    # often leaves the engines idle at sync time, so spanning is not guaranteed here; it is asserted
-    # in tests/adapter (a call held across a weight swap and across a preemption).
+    # Weights were updated mid-generation: calls that span the swap carry both versions, in order,
+    # and their trajectories keep the per-token versions of both sides.
     mixed = [c for c in calls.values() if len(set(c.output_versions)) > 1]
+    assert mixed, "no call spanned a weight update"
     for c in mixed:
         vs = list(c.output_versions)
         assert vs == sorted(vs)  # a call's tokens move forward in policy version, never back
+        (holder,) = [t for t in trajectories.values() if c.call_id in t.call_ids]
+        trained_versions = {v for n in holder.nodes for v, m in zip(n.versions, n.loss_mask, strict=True) if m}
+        assert set(vs) <= trained_versions
 
     # The analytics store holds one row per event.
     from infra.analytics.config import AnalyticsConfig, open_store

@@ -1,0 +1,46 @@
+"""The run monitor's numbers: tagged utilisation (from activity tags) against measured work (engine
+runs and train steps), and the span arithmetic behind it."""
+
+from __future__ import annotations
+
+import pytest
+
+from infra.monitor import RunState, intersect_spans, merge_spans
+from schemas import events as ev
+from tests.factories import example
+
+pytestmark = pytest.mark.unit
+
+
+def test_span_union_and_intersection() -> None:
+    assert merge_spans([(5, 9), (0, 2), (1, 3), (9, 10), (4, 4)]) == [(0, 3), (5, 10)]
+    assert intersect_spans([(0, 10), (20, 30)], [(5, 25)]) == [(5, 10), (20, 25)]
+    assert intersect_spans([(0, 10)], []) == []
+
+
+def _tag(rid: str, at: int, activity: str) -> ev.TagTransition:
+    return example(ev.TagTransition, resource_id=rid, tag_kind=ev.TagKind.ACTIVITY, to_tags=(activity,), ts_ms=at)
+
+
+def _call(rid: str, start: int, end: int) -> ev.LLMCall:
+    segment = example(ev.Segment, resource_id=rid, started_ms=start, ended_ms=end)
+    return example(ev.LLMCall, segments=(segment,), completed_ms=end, ts_ms=end)
+
+
+def test_a_rollout_tag_without_requests_is_tagged_busy_but_not_measured_work() -> None:
+    state = RunState()
+    events: list[ev.Event] = [
+        _tag("r0", 0, "rollout"), _tag("r1", 0, "rollout"),
+        _call("r0", 0, 400), _call("r0", 200, 600),  # overlapping requests count once
+        _tag("r1", 500, "train"),
+        _call("r1", 100, 300),
+        example(ev.TrainStepCompleted, step=1, ts_ms=900, duration_ms=300.0),  # r1 trains 600..900
+        _tag("r1", 950, "idle"),
+        example(ev.TrainStepCompleted, step=2, ts_ms=990, duration_ms=20.0),  # not on r1's train time
+        _tag("r0", 1000, "rollout"),
+    ]
+    for e in events:
+        state.apply(e)
+    assert state.end_ms == 1000
+    assert state.utilisation() == {"r0": (1.0, 0.0), "r1": (0.95, 0.05)}
+    assert state.work_share() == {"r0": pytest.approx(0.6), "r1": pytest.approx(0.5)}

@@ -1,0 +1,64 @@
+"""The supervised warm-up: its data (mixed demonstrations), its loss mask and its schedule; and that a
+short warm-up on the tool-using demonstrations lowers their loss on the real default model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from agents_adapter.agents import CALCULATOR_TOOL, make_arithmetic_tasks, run_tool
+from inference_svc.default_model import build_tokenizer
+from infra.toy_task import direct_conversation, tool_conversation, warmup_conversations
+from trainer_svc.errors import TrainerError
+from trainer_svc.warmup import learning_rate_factor, supervised_warmup, to_example
+
+pytestmark = pytest.mark.unit
+TASKS = make_arithmetic_tasks(200, seed=3, max_operand=9)
+
+
+def test_demonstrations_are_right_and_mixed_in_the_asked_proportion() -> None:
+    mixed = warmup_conversations(TASKS, 0.5, seed=1)
+    direct = [c for c in mixed if len(c) == 3]
+    assert 70 < len(direct) < 130 and len(mixed) == len(TASKS)
+    assert warmup_conversations(TASKS, 0.5, seed=1) == mixed  # seeded
+    assert all(len(c) == 5 for c in warmup_conversations(TASKS, 0.0, seed=1))
+    for task in TASKS[:20]:
+        call = tool_conversation(task)[2]["tool_calls"][0]["function"]
+        output, ok = run_tool(call["name"], call["arguments"])
+        assert ok and float(output) == task.answer == float(tool_conversation(task)[-1]["content"])
+        assert float(direct_conversation(task)[-1]["content"]) == task.answer
+    with pytest.raises(ValueError, match="direct_fraction"):
+        warmup_conversations(TASKS, 1.5, seed=0)
+
+
+def test_loss_mask_covers_exactly_the_assistant_turns() -> None:
+    tokenizer = build_tokenizer()
+    example = to_example(tokenizer, tool_conversation(TASKS[0]), [CALCULATOR_TOOL])
+    trained = tokenizer.decode([t for t, m in zip(example.input_ids, example.loss_mask, strict=True) if m])
+    expression = json.loads(tool_conversation(TASKS[0])[2]["tool_calls"][0]["function"]["arguments"])["expression"]
+    answer = tool_conversation(TASKS[0])[-1]["content"]
+    assert trained == (f'<tool_call>\n{{"name": "calculator", "arguments": {{"expression": "{expression}"}}}}\n'
+                       f"</tool_call><|im_end|>\n{answer}<|im_end|>\n")
+
+
+@pytest.mark.parametrize("steps", [1, 10, 1200])
+def test_schedule_warms_up_then_decays_to_the_floor(steps: int) -> None:
+    factors = [learning_rate_factor(s, steps) for s in range(steps)]
+    assert max(factors) == pytest.approx(1.0)
+    assert all(0.0 < f <= 1.0 for f in factors)
+    peak = factors.index(max(factors))
+    assert all(f >= 0.1 - 1e-9 for f in factors[peak:])  # the decay stops at the floor
+    assert factors[:peak + 1] == sorted(factors[:peak + 1]) and factors[peak:] == sorted(factors[peak:], reverse=True)
+
+
+def test_short_warmup_lowers_the_loss_of_the_demonstrations(tiny_model_dir: Path, tmp_path: Path) -> None:
+    conversations = warmup_conversations(TASKS[:16], 0.5, seed=0)
+    losses: list[float] = []
+    out = supervised_warmup(tiny_model_dir, tmp_path / "warm", conversations, [CALCULATOR_TOOL], steps=30,
+                            batch_size=4, lr=3e-3, on_step=lambda step, loss: losses.append(loss))
+    assert len(losses) == 30 and sum(losses[-5:]) < 0.7 * sum(losses[:5])
+    assert (out / "model.safetensors").exists() and (out / "tokenizer.json").exists()
+    with pytest.raises(TrainerError, match="steps"):
+        supervised_warmup(tiny_model_dir, tmp_path / "bad", conversations, steps=0)
