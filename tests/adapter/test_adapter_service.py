@@ -12,6 +12,7 @@ import dataclasses
 import gc
 import itertools
 import json
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
@@ -72,9 +73,10 @@ def start_proxy(tiny_model_dir: Path, codec: ChatCodec) -> Iterator[Callable[...
 
     def start(bus: BusConfig, endpoints: tuple[str, ...] = (), **overrides: Any) -> Proxy:
         values: dict[str, Any] = {"routing_from_events": False, "delivery_timeout_ms": 5000} | overrides
+        port = values.pop("port", None) or free_port()
         config = AdapterConfig.build(
             env={"SFLOW_ADAPTER_API_KEYS": "agent-a=key-a,agent-b=key-b", "SFLOW_ADAPTER_ADMIN_KEY": ADMIN_KEY},
-            model_path=tiny_model_dir, port=free_port(), inference_endpoints=list(endpoints), bus=bus, **values,
+            model_path=tiny_model_dir, port=port, inference_endpoints=list(endpoints), bus=bus, **values,
         )
         app = create_app(config, codec=codec)
         url = stack.enter_context(serve(app, config.port))
@@ -436,6 +438,25 @@ def test_bad_input_is_refused_with_openai_errors_and_the_proxy_keeps_serving(
     code, error = status(chat(mine))
     assert code == 409 and error["code"] == "session_closed"
     assert len(recorded(bus_config, "llm.calls", ev.LLMCall)) == 3
+
+
+def test_a_failed_session_is_ended_once_the_proxy_is_back(
+    bus_config: BusConfig, start_proxy: Callable[..., Proxy],
+) -> None:
+    """The proxy is down (restarting) when the agent fails and ends its session: the SDK retries the end
+    until the proxy answers, so the session is recorded (failed) and its task group can complete."""
+    port = free_port()
+    later = threading.Timer(1.5, lambda: start_proxy(bus_config, port=port))
+    later.start()
+    with pytest.raises(openai.APIConnectionError), AgentSession(
+        f"http://127.0.0.1:{port}/v1", "key-a", session_id="proxy-down", group_id="g-down", max_retries=0,
+        end_retry_s=60,
+    ) as session:
+        session.client.chat.completions.create(model="m", messages=[{"role": "user", "content": "a"}], max_tokens=2)
+    later.join()
+    assert session.ended is not None
+    ended = {e.session_id: e for e in recorded(bus_config, "sessions", ev.SessionEnded)}
+    assert (ended["proxy-down"].status, ended["proxy-down"].num_calls) == (ev.SessionStatus.FAILED, 0)
 
 
 def test_session_end_reward_later_failed_sessions_and_drain(
