@@ -144,7 +144,10 @@ def service_specs(
     all_cpus = sorted(os.sched_getaffinity(0))
     sched = config.scheduler
     specs = [
-        ServiceSpec("analytics", "infra.analytics", ("--data-dir", str(paths.analytics)), env),
+        # A consumer group of its own per run: the sink's static membership would otherwise get back
+        # the previous run's assignment (its topics) and never see this run's events.
+        ServiceSpec("analytics", "infra.analytics", ("--data-dir", str(paths.analytics),
+                                                     "--group-id", f"sflow-analytics.{paths.root.name}"), env),
         ServiceSpec("trajectories", "agents_adapter.trajectories",
                     ("--data-dir", str(paths.root / "faust"), "--group-size", str(sched.samples_per_task),
                      "--tick-interval-s", "1"), env),
@@ -328,15 +331,32 @@ def summarise(config: RunConfig, paths: RunPaths, monitor: RunMonitor) -> None:
     table.add_row("weight-sync pause ms (mean / max)", f"{s.mean_pause_ms:.0f} / {s.max_pause_ms:.0f}")
     spanning = sum(1 for versions in s.versions_per_call if len(versions) > 1)
     table.add_row("calls spanning a weight update", f"{spanning} / {s.calls}")
+    stored = _analytics_counts(paths)
+    table.add_row("analytics rows: llm_calls / trajectories",
+                  f"{stored.get('llm_calls', 0)} / {stored.get('trajectories', 0)}")
     console.print(table)
     charts = draw_charts(paths.root, s)
     summary = {"reward_first": first, "reward_last": last, "steps": s.steps, "calls": s.calls,
                "sessions": s.trajectories, "tokens_per_s": s.mean_tokens_per_s,
                "utilisation": {r: {"busy": b, "work": work.get(r, 0.0), "idle": i} for r, (b, i) in util.items()},
                "mean_staleness": s.mean_staleness, "mean_pause_ms": s.mean_pause_ms, "calls_spanning_update": spanning,
+               "analytics_rows": stored,
                "charts": [str(c) for c in charts]}
     (paths.root / "summary.json").write_text(json.dumps(summary, indent=2))
     console.print(f"charts and logs under {paths.root}")
+
+
+def _analytics_counts(paths: RunPaths) -> dict[str, int]:
+    """Rows in the run's analytics store (after the sink stopped): they should match the event counts."""
+    from infra.analytics.config import AnalyticsConfig, open_store
+    from infra.analytics.errors import AnalyticsError
+
+    try:
+        with open_store(AnalyticsConfig(data_dir=paths.analytics), read_only=True) as store:
+            return store.counts()
+    except AnalyticsError as e:
+        log.warning("analytics store unreadable", extra={"error": str(e)})
+        return {}
 
 
 def _interrupt(*_: object) -> None:

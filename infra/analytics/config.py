@@ -45,7 +45,9 @@ class AnalyticsConfig(BaseModel):
     )
     group_id: str = Field(
         default="sflow-analytics", min_length=1,
-        description="Kafka consumer group; its committed offsets trail the rows stored in ClickHouse.",
+        description="Kafka consumer group; its committed offsets trail the rows stored in ClickHouse. Use one "
+        "group per topic prefix: a static member (group_instance_id) that rejoins its group with other topics "
+        "is handed its previous assignment back and reads nothing.",
     )
     group_instance_id: str | None = Field(
         default="sflow-analytics-0",
