@@ -37,9 +37,9 @@ def check_nothing_lost_or_doubled(bus: BusConfig, min_steps: int) -> None:
     assert len(trained) == len(set(trained))  # no trajectory trained twice
 
 
-# The spatiotemporal layout with short generations. (With the pipeline test's long colocated calls, a
-# proxy killed mid-call once lost the sessions whose end could not reach it, and their groups never
-# completed; the SDK now retries the end while the proxy restarts. That layout is not run here.)
+# Two layouts: spatiotemporal with short generations, and the pipeline test's colocated one with long
+# fixed-length calls, where a proxy killed mid-call once lost the sessions whose end could not reach
+# it (their groups never completed and the job stalled; the SDK now retries the end).
 CONFIG = {
     **PIPELINE_CONFIG,
     "inference": {"max_running_requests": 32, "resources": [
@@ -52,14 +52,16 @@ CONFIG = {
 }
 
 
-def config(**changes: Any) -> RunConfig:
-    return RunConfig.model_validate({**CONFIG, "run": {"max_steps": 7, "max_minutes": 12}, **changes})
+def config(base: dict[str, Any] = CONFIG, **changes: Any) -> RunConfig:
+    return RunConfig.model_validate({**base, "run": {"max_steps": 7, "max_minutes": 12}, **changes})
 
 
-def test_each_service_killed_once_and_restarted(kafka_cluster: KafkaCluster, tmp_path: Path) -> None:
+@pytest.mark.parametrize("layout", [CONFIG, PIPELINE_CONFIG], ids=["spatiotemporal-short", "colocated-long"])
+def test_each_service_killed_once_and_restarted(kafka_cluster: KafkaCluster, tmp_path: Path,
+                                                layout: dict[str, Any]) -> None:
     faults = [Fault(1, "trajectories"), Fault(2, "infer-r0"), Fault(3, "scheduler"), Fault(4, "trainer"),
               Fault(5, "adapter")]
-    result = run(config(), runs_root=tmp_path, cluster=kafka_cluster, faults=faults)
+    result = run(config(layout), runs_root=tmp_path, cluster=kafka_cluster, faults=faults)
     assert result.state.steps >= 7
     check_nothing_lost_or_doubled(result.bus, 7)
 
