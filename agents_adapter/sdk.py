@@ -14,11 +14,8 @@ waiting for it, and `report_reward` (or `report_reward_later(base_url, key, sess
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import openai
@@ -35,18 +32,8 @@ def session_headers(session_id: str, task_id: str = "", group_id: str = "") -> d
     return headers
 
 
-def end_retry_delays(budget_s: float, first_s: float = 0.5, longest_s: float = 4.0) -> Iterator[float]:
-    """Waits between attempts to end a session while the proxy is unreachable (doubling, capped),
-    summing to at most `budget_s`."""
-    delay, spent = first_s, 0.0
-    while spent + delay <= budget_s:
-        yield delay
-        spent += delay
-        delay = min(longest_s, delay * 2)
-
-
 class _SessionBase:
-    def __init__(self, session_id: str | None, task_id: str, group_id: str, end_retry_s: float) -> None:
+    def __init__(self, session_id: str | None, task_id: str, group_id: str, end_max_retries: int) -> None:
         self.session_id = session_id or f"s-{uuid.uuid4().hex}"
         self.task_id = task_id
         self.group_id = group_id
@@ -54,8 +41,9 @@ class _SessionBase:
         self.status = "completed"
         self.ended: dict[str, Any] | None = None
         # Ending a session is what makes its trajectory exist (even a failed one, so its task group
-        # completes): while the proxy is unreachable (restarting), the end is retried this long.
-        self.end_retry_s = end_retry_s
+        # completes): while the proxy is unreachable (restarting), the end is retried this many times
+        # with the client's own backoff (0.5 s doubling to 8 s: about a minute for 10).
+        self.end_max_retries = end_max_retries
 
     @property
     def headers(self) -> dict[str, str]:
@@ -71,8 +59,9 @@ class AgentSession(_SessionBase):
     """A session over `openai.OpenAI` (see the module doc)."""
 
     def __init__(self, base_url: str, api_key: str, *, session_id: str | None = None, task_id: str = "",
-                 group_id: str = "", timeout_s: float = 600.0, max_retries: int = 2, end_retry_s: float = 60.0) -> None:
-        super().__init__(session_id, task_id, group_id, end_retry_s)
+                 group_id: str = "", timeout_s: float = 600.0, max_retries: int = 2,
+                 end_max_retries: int = 10) -> None:
+        super().__init__(session_id, task_id, group_id, end_max_retries)
         self.client = openai.OpenAI(base_url=base_url, api_key=api_key, default_headers=self.headers,
                                     timeout=timeout_s, max_retries=max_retries)
 
@@ -85,8 +74,9 @@ class AgentSession(_SessionBase):
         body: dict[str, Any] = {"reward": reward} | ({"status": status} if status else {})
         return self._post(f"/sessions/{self.session_id}/reward", body)
 
-    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        result: dict[str, Any] = self.client.post(path, body=body, cast_to=dict)
+    def _post(self, path: str, body: dict[str, Any], max_retries: int | None = None) -> dict[str, Any]:
+        client = self.client if max_retries is None else self.client.with_options(max_retries=max_retries)
+        result: dict[str, Any] = client.post(path, body=body, cast_to=dict)
         if path.endswith("/end"):
             self.ended = result
         return result
@@ -101,14 +91,7 @@ class AgentSession(_SessionBase):
         try:
             if self.ended is None:
                 try:
-                    for delay in end_retry_delays(self.end_retry_s):
-                        try:
-                            self._post(*self._end_request(exc))
-                            break
-                        except openai.APIConnectionError:
-                            time.sleep(delay)
-                    else:
-                        self._post(*self._end_request(exc))
+                    self._post(*self._end_request(exc), max_retries=self.end_max_retries)
                 except openai.OpenAIError:
                     if exc is None:
                         raise
@@ -121,8 +104,9 @@ class AsyncAgentSession(_SessionBase):
     """A session over `openai.AsyncOpenAI` (`async with`)."""
 
     def __init__(self, base_url: str, api_key: str, *, session_id: str | None = None, task_id: str = "",
-                 group_id: str = "", timeout_s: float = 600.0, max_retries: int = 2, end_retry_s: float = 60.0) -> None:
-        super().__init__(session_id, task_id, group_id, end_retry_s)
+                 group_id: str = "", timeout_s: float = 600.0, max_retries: int = 2,
+                 end_max_retries: int = 10) -> None:
+        super().__init__(session_id, task_id, group_id, end_max_retries)
         self.client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, default_headers=self.headers,
                                          timeout=timeout_s, max_retries=max_retries)
 
@@ -134,8 +118,9 @@ class AsyncAgentSession(_SessionBase):
         body: dict[str, Any] = {"reward": reward} | ({"status": status} if status else {})
         return await self._post(f"/sessions/{self.session_id}/reward", body)
 
-    async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        result: dict[str, Any] = await self.client.post(path, body=body, cast_to=dict)
+    async def _post(self, path: str, body: dict[str, Any], max_retries: int | None = None) -> dict[str, Any]:
+        client = self.client if max_retries is None else self.client.with_options(max_retries=max_retries)
+        result: dict[str, Any] = await client.post(path, body=body, cast_to=dict)
         if path.endswith("/end"):
             self.ended = result
         return result
@@ -147,14 +132,7 @@ class AsyncAgentSession(_SessionBase):
         try:
             if self.ended is None:
                 try:
-                    for delay in end_retry_delays(self.end_retry_s):
-                        try:
-                            await self._post(*self._end_request(exc))
-                            break
-                        except openai.APIConnectionError:
-                            await asyncio.sleep(delay)
-                    else:
-                        await self._post(*self._end_request(exc))
+                    await self._post(*self._end_request(exc), max_retries=self.end_max_retries)
                 except openai.OpenAIError:
                     if exc is None:
                         raise

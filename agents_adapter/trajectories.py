@@ -81,8 +81,9 @@ import os
 import struct
 import sys
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Final
 
@@ -433,26 +434,30 @@ class TrajectoryProcessor:
     async def _sessions_agent(self, stream: Any) -> None:
         async for event in typed_events(stream, self.dlq, self.bus, self.group_id):
             message = stream.current_event.message
-            for attempt in range(_ATTEMPTS):
-                try:
-                    await self._on_input(message.partition, message.topic, event)
-                    break
-                except (PublishFailed, asyncio.CancelledError):
-                    raise
-                except Exception as e:
-                    self._rebuild_sessions(resync=True)
-                    await self._after_failure(message, attempt, e)
+            await self._handle_with_retries(
+                message, partial(self._on_input, message.partition, message.topic, event),
+                partial(self._rebuild_sessions, resync=True))
 
-    async def _after_failure(self, message: Any, attempt: int, error: Exception) -> None:
-        """An input failed for a reason the core did not name (not a rejected call): the state was
-        rebuilt from the table, with every entry re-put (the failed write may be in RocksDB but not in
-        the changelog); retry after a pause (metadata lag, a broker hiccup), then dead-letter it."""
-        log.exception("%s[%d]@%d failed (attempt %d of %d)", message.topic, message.partition, message.offset,
-                      attempt + 1, _ATTEMPTS, extra=_LOG)
-        if attempt + 1 < _ATTEMPTS:
-            await asyncio.sleep(0.5 * (attempt + 1))
-        else:
-            await self._dead_letter(message, f"processing failed: {type(error).__name__}: {error}")
+    async def _handle_with_retries(self, message: Any, handle: Callable[[], Awaitable[None]],
+                                   rebuild: Callable[[], None]) -> None:
+        """Runs `handle` for one input. When it fails for a reason the core did not name (not a rejected
+        call), `rebuild` restores the state from the table, with every entry re-put (the failed write may
+        be in RocksDB but not in the changelog); the input is retried after a pause (metadata lag, a
+        broker hiccup), then dead-lettered."""
+        for attempt in range(_ATTEMPTS):
+            try:
+                await handle()
+                return
+            except (PublishFailed, asyncio.CancelledError):
+                raise
+            except Exception as e:
+                rebuild()
+                log.exception("%s[%d]@%d failed (attempt %d of %d)", message.topic, message.partition,
+                              message.offset, attempt + 1, _ATTEMPTS, extra=_LOG)
+                if attempt + 1 < _ATTEMPTS:
+                    await asyncio.sleep(0.5 * (attempt + 1))
+                else:
+                    await self._dead_letter(message, f"processing failed: {type(e).__name__}: {e}")
 
     async def _on_input(self, p: int, topic: str, event: Event) -> None:
         part = self._partition(p)
@@ -581,15 +586,9 @@ class TrajectoryProcessor:
             except AdapterError as e:
                 await self._dead_letter(message, str(e))
                 continue
-            for attempt in range(_ATTEMPTS):
-                try:
-                    await self._on_group_record(message.partition, record)
-                    break
-                except (PublishFailed, asyncio.CancelledError):
-                    raise
-                except Exception as e:
-                    self._rebuild_groups(resync=True)
-                    await self._after_failure(message, attempt, e)
+            await self._handle_with_retries(
+                message, partial(self._on_group_record, message.partition, record),
+                partial(self._rebuild_groups, resync=True))
 
     async def _on_group_record(self, p: int, record: GroupRecord) -> None:
         state = self._groups[p]

@@ -329,8 +329,7 @@ def summarise(config: RunConfig, paths: RunPaths, monitor: RunMonitor) -> None:
                       f"{busy:.0%} / {work.get(rid, 0.0):.0%} / {idle:.0%}")
     table.add_row("staleness of trained tokens (mean)", f"{s.mean_staleness:.2f}")
     table.add_row("weight-sync pause ms (mean / max)", f"{s.mean_pause_ms:.0f} / {s.max_pause_ms:.0f}")
-    spanning = sum(1 for versions in s.versions_per_call if len(versions) > 1)
-    table.add_row("calls spanning a weight update", f"{spanning} / {s.calls}")
+    table.add_row("calls spanning a weight update", f"{s.calls_spanning_update} / {s.calls}")
     stored = _analytics_counts(paths)
     table.add_row("analytics rows: llm_calls / trajectories",
                   f"{stored.get('llm_calls', 0)} / {stored.get('trajectories', 0)}")
@@ -339,7 +338,8 @@ def summarise(config: RunConfig, paths: RunPaths, monitor: RunMonitor) -> None:
     summary = {"reward_first": first, "reward_last": last, "steps": s.steps, "calls": s.calls,
                "sessions": s.trajectories, "tokens_per_s": s.mean_tokens_per_s,
                "utilisation": {r: {"busy": b, "work": work.get(r, 0.0), "idle": i} for r, (b, i) in util.items()},
-               "mean_staleness": s.mean_staleness, "mean_pause_ms": s.mean_pause_ms, "calls_spanning_update": spanning,
+               "mean_staleness": s.mean_staleness, "mean_pause_ms": s.mean_pause_ms,
+               "calls_spanning_update": s.calls_spanning_update,
                "analytics_rows": stored,
                "charts": [str(c) for c in charts]}
     (paths.root / "summary.json").write_text(json.dumps(summary, indent=2))

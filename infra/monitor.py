@@ -35,8 +35,9 @@ def merge_spans(spans: list[Span]) -> list[Span]:
 def intersect_spans(a: list[Span], b: list[Span]) -> list[Span]:
     """The parts of spans `a` that fall inside spans `b`."""
     out = []
+    inside = merge_spans(b)
     for a0, a1 in merge_spans(a):
-        for b0, b1 in merge_spans(b):
+        for b0, b1 in inside:
             lo, hi = max(a0, b0), min(a1, b1)
             if hi > lo:
                 out.append((lo, hi))
@@ -97,17 +98,30 @@ class RunState:
     def max_pause_ms(self) -> float:
         return max(self.pauses_ms, default=0.0)
 
+    @property
+    def calls_spanning_update(self) -> int:
+        """Calls whose output tokens come from more than one policy version (a weight update mid-call)."""
+        return sum(1 for versions in self.versions_per_call if len(versions) > 1)
+
+    def _activities(self, rid: str) -> list[tuple[Span, str]]:
+        """A resource's activity tags as (span, activity), each lasting until the next or the run's end."""
+        spans = self.activity.get(rid, [])
+        return [((t0, max(t0, t1)), act) for (t0, act), (t1, _) in zip(spans, [*spans[1:], (self.end_ms, "")],
+                                                                         strict=True)]
+
+    def _observed_ms(self, rid: str) -> float:
+        spans = self.activity.get(rid, [])
+        return max(1.0, float(self.end_ms - spans[0][0])) if spans else 1.0
+
     def utilisation(self) -> dict[str, tuple[float, float]]:
         """(busy share, idle share) per resource from its activity transitions to the end of the run."""
         out: dict[str, tuple[float, float]] = {}
-        for rid, spans in self.activity.items():
+        for rid in self.activity:
             busy = idle = 0.0
-            for (t0, act), (t1, _) in zip(spans, [*spans[1:], (self.end_ms, "")], strict=True):
-                d = max(0, t1 - t0)
-                busy += d if act in BUSY else 0
-                idle += d if act == "idle" else 0
-            total = max(1.0, float(self.end_ms - spans[0][0])) if spans else 1.0
-            out[rid] = (busy / total, idle / total)
+            for (t0, t1), act in self._activities(rid):
+                busy += t1 - t0 if act in BUSY else 0
+                idle += t1 - t0 if act == "idle" else 0
+            out[rid] = (busy / self._observed_ms(rid), idle / self._observed_ms(rid))
         return out
 
     def work_share(self) -> dict[str, float]:
@@ -118,14 +132,10 @@ class RunState:
         `utilisation` but not here; the gap between the two is rollout capacity the run left unused.
         """
         out: dict[str, float] = {}
-        for rid, spans in self.activity.items():
-            if not spans:
-                continue
-            training = [(t0, t1) for (t0, act), (t1, _) in zip(spans, [*spans[1:], (self.end_ms, "")], strict=True)
-                        if act == "train"]
+        for rid in self.activity:
+            training = [span for span, act in self._activities(rid) if act == "train"]
             work = merge_spans([*self.generating.get(rid, []), *intersect_spans(self.train_spans, training)])
-            total = max(1.0, float(self.end_ms - spans[0][0]))
-            out[rid] = sum(t1 - t0 for t0, t1 in work) / total
+            out[rid] = sum(t1 - t0 for t0, t1 in work) / self._observed_ms(rid)
         return out
 
     def apply(self, event: ev.Event) -> None:

@@ -450,7 +450,7 @@ def test_a_failed_session_is_ended_once_the_proxy_is_back(
     later.start()
     with pytest.raises(openai.APIConnectionError), AgentSession(
         f"http://127.0.0.1:{port}/v1", "key-a", session_id="proxy-down", group_id="g-down", max_retries=0,
-        end_retry_s=60,
+        end_max_retries=10,
     ) as session:
         session.client.chat.completions.create(model="m", messages=[{"role": "user", "content": "a"}], max_tokens=2)
     later.join()
