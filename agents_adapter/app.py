@@ -286,7 +286,9 @@ def create_app(config: AdapterConfig, *, codec: ChatCodec | None = None,
     async def end_session(session_id: str, request: Request) -> Response:
         agent = agent_of(request)
         req = await parse_body(request, EndSessionRequest)
-        result = await service.end_session(agent, session_id, req.reward, req.status)
+        result = await service.end_session(agent, session_id, req.reward, req.status,
+                                           task_id=request.headers.get("x-task-id", ""),
+                                           group_id=request.headers.get("x-group-id", ""))
         return JSONResponse(result, status_code=202 if req.reward is None else 200)
 
     @app.post("/v1/sessions/{session_id}/reward", openapi_extra=_schema(RewardRequest))

@@ -329,10 +329,15 @@ class AdapterService:
 
     # ----- session ends and rewards
 
-    async def end_session(self, agent_id: str, session_id: str, reward: float | None, status: str) -> dict[str, Any]:
+    async def end_session(self, agent_id: str, session_id: str, reward: float | None, status: str,
+                          task_id: str = "", group_id: str = "") -> dict[str, Any]:
+        """`task_id` / `group_id` come with the end request too: a session that failed before its first
+        call reached this proxy (it was down) is still ended in its task group, which can then complete."""
         state = self._owned(agent_id, session_id)
         if state is None:  # never called here, or forgotten: end it anyway (num_calls unknown = 0)
             state, _ = self.sessions.get_or_create(session_id, lambda: SessionState(session_id, agent_id))
+        state.task_id = state.task_id or task_id
+        state.group_id = state.group_id or group_id
         if state.phase != "open":
             raise SessionClosedError(f"session {session_id!r} has already ended ({state.phase})")
         if reward is None:

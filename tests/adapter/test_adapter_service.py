@@ -457,6 +457,7 @@ def test_a_failed_session_is_ended_once_the_proxy_is_back(
     assert session.ended is not None
     ended = {e.session_id: e for e in recorded(bus_config, "sessions", ev.SessionEnded)}
     assert (ended["proxy-down"].status, ended["proxy-down"].num_calls) == (ev.SessionStatus.FAILED, 0)
+    assert ended["proxy-down"].group_id == "g-down"  # so its task group can still complete
 
 
 def test_session_end_reward_later_failed_sessions_and_drain(
