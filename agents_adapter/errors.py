@@ -28,6 +28,11 @@ class ConflictingCallError(RejectedCallError):
     """A call id already in the tree arrived again with different tokens, logprobs or versions."""
 
 
+class LateCallError(RejectedCallError):
+    """A call arrived for a closed session and is not in its trajectory (a redelivered call that is,
+    is a duplicate, not late): the shell dead-letters it, so it is kept for an operator, never lost."""
+
+
 class UnknownCallError(TreeError, KeyError):
     """The call id was never inserted into this tree."""
 

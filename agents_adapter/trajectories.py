@@ -22,7 +22,8 @@ Topology (N = partitions of `llm.calls`, which must equal those of `sessions`)
 
 Table `sessions` (RocksDB, changelog `<app>-sessions-changelog`): one immutable entry per delta
     key  b"d" | u16 partition | u16 len | session id | u32 seq   value  `SessionDelta.to_bytes()`
-    key  b"c" | u16 partition | u16 len | session id             value  i64 close ts (a tombstone)
+    key  b"c" | u16 partition | u16 len | session id             value  `CloseMarker.to_bytes()`: close ts
+                                                                        and the digests of its call ids
     Each state change of a session is written once, as its own entry, never rewritten: an LLM call
     costs one entry of ~45 bytes of key and header + the session's ids + the tree delta (17 bytes,
     then 13 per new token, 9 per re-claimed token, 13 per split, 20 + id per call record), i.e.
@@ -62,13 +63,17 @@ Failures
     refusing an output (Trajectory, BatchReady, group record) stops the worker instead: acknowledging
     the input would lose it; the restart re-reads it.
 
-Local RocksDB ahead of the changelog
-    Faust writes a table entry to RocksDB at once and to the changelog asynchronously. A worker
-    killed in between restarts with local entries the changelog lacks; re-read inputs are then
-    duplicates, so nothing would ever write those entries again, and a later recovery from the
-    changelog alone would find a gap. A worker that starts on existing local state therefore
-    re-puts every entry of its partitions once after recovery (idempotent: entries never change).
-    Likewise the deltas of a session that has a close marker are deleted again after a recovery.
+The changelog is the state
+    Faust writes a table entry to RocksDB at once and to the changelog asynchronously, and commits
+    an input's offset only after its producer flushed (so every write of a committed input is in the
+    changelog, and the changelog holds a prefix of the writes of the uncommitted ones). A worker
+    killed in between would restart with local entries the changelog lacks; its re-read inputs
+    would then be duplicates that write nothing, and a later recovery from the changelog alone would
+    find a gap (a session missing deltas waits for its calls forever: lost). So a worker never starts
+    on local table files: it deletes them and recovers from the changelogs; the inputs re-read from
+    the committed offsets then redo, deterministically, exactly the writes the changelog lacks. A
+    rebalance inside a running worker keeps its files (its own writes are all on their way to the
+    changelog). The deltas of a session that has a close marker are deleted again after a recovery.
 """
 
 from __future__ import annotations
@@ -78,6 +83,7 @@ import asyncio
 import json
 import logging
 import os
+import shutil
 import struct
 import sys
 from collections import defaultdict
@@ -90,6 +96,7 @@ from typing import Any, Final
 from agents_adapter.errors import AdapterError, ConfigError, RejectedCallError
 from agents_adapter.trajectory_core import (
     AssemblerConfig,
+    CloseMarker,
     Emitted,
     GroupTracker,
     SessionDelta,
@@ -133,8 +140,8 @@ class ProcessorConfig:
     bus: where Kafka is and the topic prefix.
     app_id: Faust app id below the topic prefix: the consumer group, and the prefix of the
         processor's internal topics (`<app>-ticks`, `<app>-groups`, the table changelogs).
-    data_dir: where Faust keeps its RocksDB tables (a cache of the changelogs; deleting it only
-        makes the next start recover from the changelog topics).
+    data_dir: where Faust keeps its RocksDB tables: a cache of the changelogs for one run of the
+        worker, deleted at start (module doc: "The changelog is the state").
     producer: the `producer` field of Trajectory and BatchReady events; part of their bytes, so a
         replay that compares bytes must use the same value.
     ttl_ms: a session with no input for this long is closed with status timeout.
@@ -370,8 +377,7 @@ class TrajectoryProcessor:
             processing_guarantee=config.processing_guarantee,
         )
         self.group_id = self.app.conf.id
-        # tables whose entries are re-put once after the first recovery (module doc)
-        self._resync = {"sessions", "groups"} if self._has_local_state() else set()
+        self._drop_local_tables()
         self._dlq: EventProducer | None = None
         self._partitions: dict[int, _Partition] = {}
         self._groups: dict[int, _Groups] = defaultdict(_Groups)
@@ -419,9 +425,12 @@ class TrajectoryProcessor:
         needed = [spec(n) for n in ("llm.calls", "sessions", "trajectories", "tasks", "dlq")]
         ensure_topics(self.bus, [*needed, *self.internal_topics()])
 
-    def _has_local_state(self) -> bool:
+    def _drop_local_tables(self) -> None:
+        """Starts every worker from the changelogs alone (module doc: "The changelog is the state")."""
         tables = Path(self.app.conf.tabledir)
-        return tables.is_dir() and any(p.name.endswith(".db") for p in tables.iterdir())
+        if tables.is_dir():
+            shutil.rmtree(tables)
+            log.info("dropped the local table files under %s: recovering from the changelogs", tables, extra=_LOG)
 
     @property
     def dlq(self) -> EventProducer:
@@ -503,7 +512,8 @@ class TrajectoryProcessor:
             # honours (it deletes the leftovers), never deltas without a marker that re-read inputs
             # would re-open as a new, partial session
             sid = trajectory.session_id
-            table[TableKey(CLOSED, p, sid).to_bytes()] = _TS.pack(trajectory.ts_ms)
+            marker = CloseMarker.of(trajectory.ts_ms, trajectory.call_ids)
+            table[TableKey(CLOSED, p, sid).to_bytes()] = marker.to_bytes()
             part.closed[sid] = trajectory.ts_ms
             for seq in range(part.stored.pop(sid, 0)):
                 del table[TableKey(DELTA, p, sid, seq).to_bytes()]
@@ -523,13 +533,11 @@ class TrajectoryProcessor:
 
     async def _on_sessions_recovered(self) -> None:
         """After every rebalance: the assemblers of this worker's partitions, rebuilt from the table."""
-        resync = "sessions" in self._resync
-        self._resync.discard("sessions")
-        self._rebuild_sessions(resync)
+        self._rebuild_sessions(resync=False)
 
     def _rebuild_sessions(self, resync: bool) -> None:
         deltas: dict[tuple[int, str], list[tuple[int, bytes]]] = defaultdict(list)
-        tombstones: list[tuple[TableKey, int]] = []
+        tombstones: list[tuple[TableKey, CloseMarker]] = []
         raw_items: list[tuple[bytes, bytes]] = []
         for raw_key, value in self.sessions_table.items():
             key = TableKey.from_bytes(raw_key)
@@ -538,12 +546,12 @@ class TrajectoryProcessor:
             if key.kind == DELTA:
                 deltas[(key.partition, key.entity)].append((key.seq, value))
             elif key.kind == CLOSED:
-                tombstones.append((key, _TS.unpack(value)[0]))
+                tombstones.append((key, CloseMarker.from_bytes(value)))
         self._partitions = {}
-        for key, ts in tombstones:
+        for key, marker in tombstones:
             part = self._partition(key.partition)
-            part.assembler.restore_closed(key.entity, ts)
-            part.closed[key.entity] = ts
+            part.assembler.restore_closed(key.entity, marker)
+            part.closed[key.entity] = marker.ts_ms
         restored = 0
         for (p, sid), entries in sorted(deltas.items()):
             part = self._partition(p)
@@ -634,9 +642,7 @@ class TrajectoryProcessor:
         self.tracker.forget(horizon)
 
     async def _on_groups_recovered(self) -> None:
-        resync = "groups" in self._resync
-        self._resync.discard("groups")
-        self._rebuild_groups(resync)
+        self._rebuild_groups(resync=False)
 
     def _rebuild_groups(self, resync: bool) -> None:
         self.tracker = GroupTracker(self.config.group_size, self.config.producer)

@@ -8,10 +8,14 @@ Trajectory and BatchReady events, deletes the table entries of `closed_sessions`
 Exactly one trajectory per session
     `trajectory_id` is the session id and `event_id` is uuid5(session id): however often a session is
     closed (a replay, a processor that restarted without its table), every copy has the same id and
-    the consumers' dedup keeps one. A closed session leaves a tombstone for `closed_retention_ms`;
-    calls arriving for it meanwhile are *late*: counted (`stats.late_calls`), logged and dropped,
-    never re-opening the session (a second, different trajectory for the same session would break
-    exactly-once). A repeated SessionEnded is counted and ignored; the first one wins.
+    the consumers' dedup keeps one. A closed session leaves a tombstone for `closed_retention_ms`
+    that holds a 64-bit digest of each of its call ids (`CloseMarker`). A call arriving for it
+    meanwhile is either one of its own calls read again after a restart (`stats.redelivered_calls`:
+    already in the trajectory, nothing to do) or *late* (`stats.late_calls`): not in the trajectory,
+    so `on_call` raises `LateCallError` and the shell dead-letters it: it is kept, never silently
+    dropped, and never re-opens the session (a second, different trajectory for the same session
+    would break exactly-once). With `wait_for_calls` and a right `SessionEnded.num_calls` no call is
+    late. A repeated SessionEnded is counted and ignored; the first one wins.
 
 Waiting for in-flight calls
     `llm.calls` and `sessions` are different topics, so a session's last call can be read after its
@@ -38,13 +42,14 @@ Group size
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import struct
 import uuid
 from dataclasses import dataclass, field
 from typing import Final, NamedTuple
 
-from agents_adapter.errors import AdapterError, ConfigError, DeltaError, RejectedCallError
+from agents_adapter.errors import AdapterError, ConfigError, DeltaError, LateCallError, RejectedCallError
 from agents_adapter.prefix_tree import PrefixTree, TreeDelta
 from schemas.events import (
     BatchReady,
@@ -70,6 +75,49 @@ def trajectory_event_id(session_id: str) -> str:
 
 def batch_event_id(group_id: str) -> str:
     return uuid.uuid5(NAMESPACE, f"BatchReady/{group_id}").hex
+
+
+def call_digest(call_id: str) -> int:
+    """64-bit digest of a call id: what a closed session keeps to recognise its own calls read again."""
+    return int.from_bytes(hashlib.blake2b(call_id.encode(), digest_size=8).digest(), "little")
+
+
+_MARKER_HEAD = struct.Struct("<qI")
+_DIGEST = struct.Struct("<Q")
+
+
+@dataclass(frozen=True, slots=True)
+class CloseMarker:
+    """A closed session's tombstone: its close time and the digests of the calls in its trajectory.
+
+    Wire format (`to_bytes`, little-endian): i64 ts_ms, u32 n, n x u64 digests. An 8-byte value (the
+    format before digests) reads as `call_digests=None`: such a session cannot tell its own
+    redelivered calls from late ones, and drops both as before.
+    """
+
+    ts_ms: int
+    call_digests: frozenset[int] | None
+
+    @classmethod
+    def of(cls, ts_ms: int, call_ids: tuple[str, ...]) -> CloseMarker:
+        return cls(ts_ms, frozenset(call_digest(c) for c in call_ids))
+
+    def to_bytes(self) -> bytes:
+        digests = sorted(self.call_digests or ())
+        return _MARKER_HEAD.pack(self.ts_ms, len(digests)) + b"".join(_DIGEST.pack(d) for d in digests)
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> CloseMarker:
+        if len(data) == 8:
+            return cls(struct.unpack("<q", data)[0], None)
+        try:
+            ts_ms, n = _MARKER_HEAD.unpack_from(data, 0)
+            if len(data) != _MARKER_HEAD.size + n * _DIGEST.size:
+                raise DeltaError(f"close marker of {len(data)} bytes does not hold {n} digests")
+            digests = frozenset(_DIGEST.unpack_from(data, _MARKER_HEAD.size + i * _DIGEST.size)[0] for i in range(n))
+        except struct.error as e:
+            raise DeltaError(f"undecodable close marker ({len(data)} bytes): {e}") from e
+        return cls(ts_ms, digests)
 
 
 @dataclass(frozen=True)
@@ -207,7 +255,8 @@ class AssemblerStats:
 
     calls: int = 0
     duplicate_calls: int = 0
-    late_calls: int = 0
+    redelivered_calls: int = 0  # calls of a closed session read again (already in its trajectory)
+    late_calls: int = 0  # calls of a closed session that are not in its trajectory (dead-lettered)
     rejected_calls: int = 0
     duplicate_ends: int = 0
     waiting_ends: int = 0
@@ -390,7 +439,7 @@ class TrajectoryAssembler:
         self.tracker = GroupTracker(self.config.group_size, self.config.producer)
         self.stats = AssemblerStats()
         self._sessions: dict[str, _Session] = {}
-        self._closed: dict[str, int] = {}
+        self._closed: dict[str, CloseMarker] = {}
 
     @property
     def open_sessions(self) -> int:
@@ -435,11 +484,9 @@ class TrajectoryAssembler:
         it; the session is unchanged and the shell dead-letters the call.
         """
         self.stats.calls += 1
-        if call.session_id in self._closed:
-            self.stats.late_calls += 1
-            logger.warning("late call %s dropped: session already closed", call.call_id,
-                           extra={**_LOG, "session": call.session_id})
-            return Emitted()
+        marker = self._closed.get(call.session_id)
+        if marker is not None:
+            return self._on_call_after_close(call, marker)
         is_new = call.session_id not in self._sessions
         session = self._session(call.session_id, call.ts_ms)
         try:
@@ -458,6 +505,18 @@ class TrajectoryAssembler:
             out += self._close(session, session.ended.status, session.ended.reward,
                                max(session.ended.ts_ms, session.last_ts_ms))
         return out
+
+    def _on_call_after_close(self, call: LLMCall, marker: CloseMarker) -> Emitted:
+        if marker.call_digests is not None and call_digest(call.call_id) in marker.call_digests:
+            self.stats.redelivered_calls += 1
+            return Emitted()
+        self.stats.late_calls += 1
+        if marker.call_digests is None:  # an old marker: cannot tell, drop as before
+            logger.warning("call %s dropped: session already closed", call.call_id,
+                           extra={**_LOG, "session": call.session_id})
+            return Emitted()
+        raise LateCallError(f"call {call.call_id!r} arrived after session {call.session_id!r} closed, and is not"
+                            f" in its trajectory of {len(marker.call_digests)} calls")
 
     def on_session_ended(self, ended: SessionEnded) -> Emitted:
         if ended.session_id in self._closed or (
@@ -499,7 +558,7 @@ class TrajectoryAssembler:
                 out += self._close(session, session.ended.status, session.ended.reward,
                                    max(session.ended.ts_ms, session.last_ts_ms))
         horizon = now_ms - self.config.closed_retention_ms
-        for sid in [sid for sid, ts in self._closed.items() if ts < horizon]:
+        for sid in [sid for sid, m in self._closed.items() if m.ts_ms < horizon]:
             del self._closed[sid]
         self.tracker.forget(horizon)
         return out
@@ -524,11 +583,11 @@ class TrajectoryAssembler:
         session.group_size = session.group_size or delta.group_size
         return Emitted()
 
-    def restore_closed(self, session_id: str, ts_ms: int) -> None:
+    def restore_closed(self, session_id: str, marker: CloseMarker) -> None:
         """Rebuilds a closed session's tombstone (persisted by a shell) so that inputs re-read after a
         restart do not re-open it; an open session of that id is dropped."""
         self._sessions.pop(session_id, None)
-        self._closed[session_id] = ts_ms
+        self._closed[session_id] = marker
 
     # --- internals ---
 
@@ -576,7 +635,7 @@ class TrajectoryAssembler:
             drift_calls=tree.drift_calls,
         )
         del self._sessions[session.session_id]
-        self._closed[session.session_id] = ts_ms
+        self._closed[session.session_id] = CloseMarker.of(ts_ms, trajectory.call_ids)
         self.stats.trajectories += 1
         if not self.config.track_groups:
             return Emitted(trajectories=(trajectory,), closed_sessions=(session.session_id,))

@@ -8,16 +8,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agents_adapter.errors import ConfigError, DeltaError, MalformedCallError
+from agents_adapter.errors import ConfigError, DeltaError, LateCallError, MalformedCallError
 from agents_adapter.prefix_tree import PrefixTree
 from agents_adapter.trajectory_core import (
     NAMESPACE,
     AssemblerConfig,
+    CloseMarker,
     Emitted,
     GroupTracker,
     SessionDelta,
     TrajectoryAssembler,
     batch_event_id,
+    call_digest,
     trajectory_event_id,
 )
 from schemas.events import (
@@ -136,11 +138,12 @@ def test_duplicates_are_counted_and_change_nothing() -> None:
     assert assembler.stats.duplicate_ends == 1
 
 
-def test_late_calls_are_counted_and_dropped_without_reopening_the_session() -> None:
+def test_late_calls_are_refused_for_the_dead_letters_without_reopening_the_session() -> None:
     assembler = TrajectoryAssembler(AssemblerConfig(closed_retention_ms=10_000))
     calls = two_turns()
     feed(assembler, [calls[0], ended()])
-    assert assembler.on_call(calls[1]) == Emitted()
+    with pytest.raises(LateCallError, match="not in its trajectory of 1 calls"):
+        assembler.on_call(calls[1])
     assert assembler.stats.late_calls == 1 and assembler.open_sessions == 0 and assembler.is_closed("s1")
     # after the retention a very late call opens a new session; its trajectory has the same event id
     # and trajectory id, so the consumers' dedup keeps the first one
@@ -297,3 +300,27 @@ def test_where_session_ended_lands_among_the_calls_does_not_change_the_bytes(cal
     early = feed(TrajectoryAssembler(), [*calls[:at], end, *calls[at:]]).trajectories
     assert len(early) == len(reference) == 1
     assert encode_event(early[0]) == encode_event(reference[0])
+
+
+def test_a_closed_sessions_own_calls_read_again_are_redelivered_not_late() -> None:
+    """After a restart a worker re-reads calls of sessions it already closed: they are in the trajectory."""
+    assembler = TrajectoryAssembler()
+    calls = two_turns()
+    (trajectory,) = feed(assembler, [*calls, ended(num_calls=2)]).trajectories
+    restarted = TrajectoryAssembler()
+    restarted.restore_closed("s1", CloseMarker.from_bytes(CloseMarker.of(5_000, trajectory.call_ids).to_bytes()))
+    assert feed(restarted, calls) == Emitted()
+    assert restarted.stats.redelivered_calls == 2 and restarted.stats.late_calls == 0
+
+
+def test_close_markers_round_trip_and_old_markers_read_without_digests() -> None:
+    marker = CloseMarker.of(123, ("a", "b", "c"))
+    assert CloseMarker.from_bytes(marker.to_bytes()) == marker
+    assert marker.call_digests == {call_digest("a"), call_digest("b"), call_digest("c")}
+    old = CloseMarker.from_bytes((77).to_bytes(8, "little", signed=True))
+    assert old == CloseMarker(77, None)
+    with pytest.raises(DeltaError, match="close marker of 20 bytes does not hold 3 digests"):
+        CloseMarker.from_bytes(marker.to_bytes()[:20])  # truncated: one digest of three
+    assembler = TrajectoryAssembler()
+    assembler.restore_closed("s1", old)  # an old marker cannot tell: the call is dropped as before
+    assert assembler.on_call(two_turns()[0]) == Emitted() and assembler.stats.late_calls == 1
