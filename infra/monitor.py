@@ -151,7 +151,7 @@ class RunState:
         elif isinstance(event, ev.BatchReady):
             self.ready_groups += 1
         elif isinstance(event, ev.TrainStepCompleted):
-            if all(s != event.step for s, _ in self.rewards):
+            if event.status != "skipped" and all(s != event.step for s, _ in self.rewards):
                 self.rewards.append((event.step, event.reward_mean))
                 self.train_spans.append((event.ts_ms - int(event.duration_ms), event.ts_ms))
                 self.version = max(self.version, event.new_version)

@@ -55,6 +55,7 @@ DECISION_FIELDS: tuple[str, ...] = (
     "batch_timeout_s",
     "min_groups_on_timeout",
     "epochs",
+    "group_timeout_s",
     "dataset",
     "dataset_id_field",
     "model",
@@ -101,7 +102,9 @@ class SchedulerServiceConfig(BaseModel):
         "or abort it (its sessions are cancelled; TaskCompleted with status aborted / dropped).",
     )
     max_regenerations: int = Field(
-        default=1, ge=0, description="With straggler=abort: times an aborted task is dispatched again."
+        default=1, ge=0, description="Times an aborted task is dispatched again (aborted: a straggler with "
+        "straggler=abort, a group past group_timeout_s, or the groups of a step the trainer skipped as "
+        "untrainable); then it is dropped (TaskCompleted status 'dropped')."
     )
     train_microbatches: int = Field(
         default=1, ge=1, description="Micro-batches a train step streams in (1: the whole batch at once)."
@@ -130,6 +133,11 @@ class SchedulerServiceConfig(BaseModel):
     )
     min_groups_on_timeout: int = Field(default=1, ge=1, description="Fewest ready groups a timed-out step takes.")
     epochs: int = Field(default=1, ge=1, description="Passes over the task dataset.")
+    group_timeout_s: float | None = Field(
+        default=600.0, gt=0, description="A GRPO group whose samples have not all reported this long after its "
+        "dispatch (a session whose end never arrived) is aborted: TaskCompleted status 'aborted' (dispatched "
+        "again) or 'dropped' (after max_regenerations); the trainer drops it from its buffer (None: wait for ever)."
+    )
     dataset: Path = Field(description="Task dataset: JSONL (one JSON object per line) or Parquet.")
     dataset_id_field: str = Field(
         default="task_id", min_length=1, description="Field holding a task's id (rows without it: row-<index>)."
@@ -206,6 +214,7 @@ class SchedulerServiceConfig(BaseModel):
             batch_timeout_s=self.batch_timeout_s,
             min_groups_on_timeout=self.min_groups_on_timeout,
             epochs=self.epochs,
+            group_timeout_s=self.group_timeout_s,
         )
 
     @property

@@ -86,6 +86,18 @@ class TrainStepCompleted:
 
 
 @dataclass(frozen=True, slots=True)
+class TrainStepSkipped:
+    """The trainer ran nothing for the step of `assignment_id` (every group untrainable, or the step
+    refused by its non-finite guard): the step ends without a new version, its groups are aborted
+    (dispatched again within `max_regenerations`, else dropped) and the step is planned again."""
+
+    t: float
+    assignment_id: str
+    step: int
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class WeightsLoaded:
     """A rollout engine finished loading `version` (acknowledgement of LoadWeights)."""
 
@@ -228,12 +240,14 @@ class TaskCompleted:
 
 @dataclass(frozen=True, slots=True)
 class TaskAborted:
-    """A group can no longer be trained within the staleness bound (it was still rolling out when the
-    last step allowed to take its oldest tokens closed its batch): its sessions are cancelled and
-    everything it generated is discarded. With `regenerate` the task is dispatched again under the
-    current version (``TaskDispatched.attempt`` + 1); otherwise it is dropped from this epoch.
-    Only policies with ``straggler="abort"`` emit it. A shell without a dedicated event can publish
-    it as ``TaskCompleted(status="aborted" | "dropped")``."""
+    """A group will not be trained: its sessions are cancelled and everything it generated is
+    discarded. With `regenerate` the task is dispatched again under the current version
+    (``TaskDispatched.attempt`` + 1); otherwise it is dropped from this epoch. `cause`:
+      * ``staleness_bound``: it was still rolling out when the last step allowed to take its oldest
+        tokens closed its batch (only policies with ``straggler="abort"``);
+      * ``group_timeout``: its samples had not all reported ``group_timeout_s`` after its dispatch;
+      * ``untrainable``: it was fed to a step the trainer skipped (TrainStepSkipped).
+    A shell without a dedicated event can publish it as ``TaskCompleted(status="aborted" | "dropped")``."""
 
     task_id: str
     group_id: str
@@ -246,7 +260,14 @@ class TaskAborted:
 
 
 Observation = (
-    ResourceRegistered | Heartbeat | ResourceDown | Tick | SampleCompleted | TrainStepCompleted | WeightsLoaded
+    ResourceRegistered
+    | Heartbeat
+    | ResourceDown
+    | Tick
+    | SampleCompleted
+    | TrainStepCompleted
+    | TrainStepSkipped
+    | WeightsLoaded
 )
 Decision = (
     TagTransition
@@ -272,5 +293,6 @@ OBSERVATION_TYPES: tuple[type, ...] = (
     Tick,
     SampleCompleted,
     TrainStepCompleted,
+    TrainStepSkipped,
     WeightsLoaded,
 )

@@ -26,10 +26,13 @@ Observations from events (t = the event's ts_ms / 1000):
     BatchReady          -> SampleCompleted for every sample of the group not reported yet
     TrainStepCompleted  -> TrainStepCompleted(assignment of the running step, step, new_version), held
     + WeightsPublished     until the version's WeightsPublished (its uri and sha256) is known
+    TrainStepCompleted  -> TrainStepSkipped(assignment, step, reason) at once (no weights to wait for),
+      status 'skipped'     only for the running step's own assignment id (a restarted trainer's repeat
+                           of an older skip must not end the step planned in its place)
     WeightsLoaded       -> WeightsLoaded (a second report of the same load is dropped)
     ControlAck          -> of the resource's latest LoadWeights (command_id = its event id): ok ->
                            WeightsLoaded; failed -> ResourceDown(load_weights_failed)
-    clock tick          -> Tick (only when a heartbeat or batch timeout may fire)
+    clock tick          -> Tick (only when a heartbeat, batch or group timeout may fire)
 Decisions to events (each with `cause` where the event has a field for it):
     TagTransition -> TagTransition(cause)      Assignment -> Assignment(payload {cause, work, run_id})
     Preemption    -> one Preemption per member (assignment_id = the preempting assignment or '',
@@ -230,6 +233,9 @@ class JournaledScheduler:
         if isinstance(event, ev.TrainStepCompleted):
             if event.run_id != self.run_id:
                 return None
+            if event.status == "skipped":
+                return {"kind": "step_skipped", "t": t, "step": event.step, "assignment_id": event.correlation_id,
+                        "reason": event.reason}
             return {"kind": "step_done", "t": t, "step": event.step, "version": event.new_version,
                     "assignment_id": event.correlation_id}
         if isinstance(event, ev.WeightsLoaded):
@@ -253,6 +259,8 @@ class JournaledScheduler:
         """Whether a Tick at `t` can fire a timeout (ticks that cannot are not journaled)."""
         s = self.core.settings
         if self.core.pool.expired(t, s.heartbeat_timeout_s):
+            return True
+        if self.core.loader.timed_out_groups(t, s.group_timeout_s):
             return True
         r = self.core.rollout
         return (
@@ -402,6 +410,11 @@ class JournaledScheduler:
             self.published[version] = (facts["uri"], facts["sha256"])
             pending = self.pending_steps.pop(version, None)
             return ([] if pending is None else self._step_done(t, pending[0], version, pending[1])), True
+        if kind == "step_skipped":
+            train = self.core.rollout.train
+            if train is None or train.assignment_id != facts["assignment_id"]:
+                return [], False
+            return [core.TrainStepSkipped(t, train.assignment_id, train.step, str(facts["reason"]))], False
         if kind == "step_done":
             version, step = int(facts["version"]), int(facts["step"])
             if version in self.published:

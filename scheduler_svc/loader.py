@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, overload
 
 from scheduler_svc.decisions import (
+    OBSERVATION_TYPES,
     Preemption,
     Record,
     SampleCompleted,
@@ -35,6 +36,7 @@ from scheduler_svc.decisions import (
     TaskDispatched,
     TrainData,
     TrainStepCompleted,
+    TrainStepSkipped,
 )
 from scheduler_svc.errors import ConfigError, LoaderError, ReplayError
 from scheduler_svc.tags import TRAIN
@@ -135,6 +137,8 @@ class GroupState:
     token_versions: Counter[int] = field(default_factory=Counter)
     #: oldest version among the tokens of the completed samples (None: no sample reported yet)
     oldest_reported: int | None = None
+    #: time of the observation whose handling dispatched it (the group timeout counts from there)
+    dispatched_at: float = 0.0
 
     @property
     def floor_version(self) -> int:
@@ -157,6 +161,7 @@ class GroupState:
             "assignment_id": self.assignment_id,
             "token_versions": dict(sorted(self.token_versions.items())),
             "oldest_reported": self.oldest_reported,
+            "dispatched_at": self.dispatched_at,
         }
 
 
@@ -190,6 +195,7 @@ class StreamingDataLoader:
         self.unassigned_outstanding = 0  # dispatched groups not yet fed to a train step
         self.completed_total = 0
         self.ignored_samples = 0
+        self.now = 0.0  # latest observation time (decisions carry none)
 
     # ---------------------------------------------------------------------------------- queries
 
@@ -225,6 +231,16 @@ class StreamingDataLoader:
             g
             for g in self.groups.values()
             if not g.completed and g.assignment_id is None and g.policy_version <= version
+        ]
+
+    def timed_out_groups(self, now: float, timeout_s: float | None) -> list[GroupState]:
+        """Groups still rolling out, not fed to a step, dispatched `timeout_s` or longer before `now`."""
+        if timeout_s is None or not self.inflight_unassigned_total:
+            return []
+        return [
+            g
+            for g in self.groups.values()
+            if not g.completed and g.assignment_id is None and now - g.dispatched_at >= timeout_s
         ]
 
     # ---------------------------------------------------------------------------------- planners
@@ -277,6 +293,8 @@ class StreamingDataLoader:
     # ---------------------------------------------------------------------------------- evolve
 
     def apply(self, record: Record) -> None:
+        if isinstance(record, OBSERVATION_TYPES):
+            self.now = max(self.now, record.t)  # type: ignore[union-attr]
         handler = _APPLY.get(type(record))
         if handler is not None:
             handler(self, record)
@@ -296,7 +314,8 @@ class StreamingDataLoader:
                     f"re-dispatch of position {d.position} (attempt {d.attempt}) that was not aborted"
                 ) from None
         self.groups[d.group_id] = GroupState(
-            d.group_id, d.task_id, d.position, d.n_samples, d.policy_version, attempt=d.attempt
+            d.group_id, d.task_id, d.position, d.n_samples, d.policy_version, attempt=d.attempt,
+            dispatched_at=self.now,
         )
         self.inflight_samples += d.n_samples
         self._add_inflight(d.policy_version)
@@ -376,9 +395,16 @@ class StreamingDataLoader:
             fed.append(gid)
 
     def _apply_preemption(self, d: Preemption) -> None:
-        if d.task_kind != TRAIN:
-            return
-        for gid in self.by_assignment.pop(d.assignment_id, []):
+        if d.task_kind == TRAIN:
+            self._release(d.assignment_id)
+
+    def _apply_step_skipped(self, obs: TrainStepSkipped) -> None:
+        # handed back like a preempted step's; the scheduler then aborts them (cause "untrainable")
+        self._release(obs.assignment_id)
+
+    def _release(self, assignment_id: str) -> None:
+        """The groups fed to a step that did not consume them wait for a step again."""
+        for gid in self.by_assignment.pop(assignment_id, []):
             g = self.groups[gid]
             g.assignment_id = None
             self.unassigned_outstanding += 1
@@ -426,6 +452,7 @@ class StreamingDataLoader:
             "unassigned_outstanding": self.unassigned_outstanding,
             "completed_total": self.completed_total,
             "ignored_samples": self.ignored_samples,
+            "now": self.now,
         }
 
 
@@ -436,5 +463,6 @@ _APPLY: dict[type, Any] = {
     TrainData: StreamingDataLoader._apply_train_data,
     Preemption: StreamingDataLoader._apply_preemption,
     TrainStepCompleted: StreamingDataLoader._apply_step_completed,
+    TrainStepSkipped: StreamingDataLoader._apply_step_skipped,
     TaskAborted: StreamingDataLoader._apply_aborted,
 }

@@ -28,6 +28,11 @@ bound). Three rules keep every trained token's lag within [0, eta]:
      rolling out (a barrier on the long tail); "abort" closes it on the complete groups and aborts
      those stragglers (``TaskAborted``: their tokens are discarded, and the task is re-generated under
      the current version, or dropped after ``policy.max_regenerations``).
+A step the trainer ran nothing for (``TrainStepSkipped``: every group untrainable, or non-finite
+data) ends without a new version; its groups are aborted (cause ``untrainable``: dispatched again
+within ``policy.max_regenerations``, else dropped) and the step is planned again from the ready
+groups, so untrainable data never stalls the run. A group whose samples have not all reported
+``settings.group_timeout_s`` after its dispatch is aborted too (cause ``group_timeout``).
 Rules 2 and 3 alone guarantee the bound whatever order samples finish in; rule 1 keeps the trainer
 from waiting on an unbounded backlog. ``lag_histogram`` counts trained groups by their largest token
 lag, ``token_lag_histogram`` trained tokens by lag.
@@ -57,6 +62,7 @@ from scheduler_svc.decisions import (
     TagTransition,
     TrainData,
     TrainStepCompleted,
+    TrainStepSkipped,
     WeightsLoaded,
     WeightSyncCompleted,
     WeightSyncStarted,
@@ -119,6 +125,7 @@ class RolloutManager:
         self.now = 0.0
         self.idle_since: float | None = None  # when the trainer last became free (batch timeout)
         self.steps_completed = 0
+        self.steps_skipped = 0  # steps the trainer ran nothing for (planned again at the same version)
         self.lag_histogram: Counter[int] = Counter()  # largest token lag -> groups trained on
         self.token_lag_histogram: Counter[int] = Counter()  # lag -> generated tokens trained on
         self._cache_epoch = -1
@@ -356,6 +363,14 @@ class RolloutManager:
         self.train = None
         self.idle_since = obs.t
 
+    def _apply_step_skipped(self, obs: TrainStepSkipped) -> None:
+        t = self.train
+        if t is None or t.assignment_id != obs.assignment_id:
+            return
+        self.steps_skipped += 1
+        self.train = None
+        self.idle_since = obs.t
+
     def _apply_sync_started(self, d: WeightSyncStarted) -> None:
         self.next_sync_seq += 1
         self.serving_version = max(self.serving_version, d.version)
@@ -406,6 +421,7 @@ class RolloutManager:
             "now": self.now,
             "idle_since": self.idle_since,
             "steps_completed": self.steps_completed,
+            "steps_skipped": self.steps_skipped,
             "lag_histogram": dict(sorted(self.lag_histogram.items())),
             "token_lag_histogram": dict(sorted(self.token_lag_histogram.items())),
         }
@@ -416,6 +432,7 @@ _APPLY: dict[type, Any] = {
     TrainData: RolloutManager._apply_train_data,
     Preemption: RolloutManager._apply_preemption,
     TrainStepCompleted: RolloutManager._apply_step_completed,
+    TrainStepSkipped: RolloutManager._apply_step_skipped,
     WeightSyncStarted: RolloutManager._apply_sync_started,
     LoadWeights: RolloutManager._apply_load,
     WeightsLoaded: RolloutManager._apply_loaded,

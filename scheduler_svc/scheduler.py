@@ -25,10 +25,11 @@ from scheduler_svc.decisions import (
     SampleCompleted,
     TaskAborted,
     Tick,
+    TrainStepSkipped,
     WeightSyncStarted,
 )
 from scheduler_svc.errors import SchedulerError
-from scheduler_svc.loader import StreamingDataLoader, Task
+from scheduler_svc.loader import GroupState, StreamingDataLoader, Task
 from scheduler_svc.policies import TagPolicy
 from scheduler_svc.pool import ResourcePool
 from scheduler_svc.rollout_manager import RolloutManager
@@ -66,12 +67,18 @@ class Scheduler:
             raise SchedulerError(f"handle() takes an observation, got {type(observation).__name__}")
         out: list[Decision] = []
         self._out = out
+        skipped: list[str] = []
+        if isinstance(observation, TrainStepSkipped) and self._is_running_step(observation.assignment_id):
+            skipped = list(self.loader.by_assignment.get(observation.assignment_id, ()))
         self._record(observation)
         if isinstance(observation, ResourceDown):
             self._lose(observation.resource_id, observation.reason)
         elif isinstance(observation, Tick):
             for rid in self.pool.expired(observation.t, self.settings.heartbeat_timeout_s):
                 self._lose(rid, "heartbeat_timeout")
+            self._abort(self.loader.timed_out_groups(observation.t, self.settings.group_timeout_s), "group_timeout")
+        elif isinstance(observation, TrainStepSkipped):
+            self._abort([self.loader.groups[g] for g in skipped if g in self.loader.groups], "untrainable")
         elif isinstance(observation, SampleCompleted):
             for d in self.loader.plan_completion(observation.group_id):
                 self._emit(d)
@@ -141,9 +148,10 @@ class Scheduler:
             )
         elif isinstance(decision, TaskAborted):
             log.info(
-                "task aborted: past the staleness bound",
+                "task aborted",
                 extra={
                     "service": "scheduler",
+                    "cause": decision.cause,
                     "group": decision.group_id,
                     "version": decision.policy_version,
                     "regenerate": decision.regenerate,
@@ -154,6 +162,13 @@ class Scheduler:
                 "weight sync",
                 extra={"service": "scheduler", "version": decision.version, "resources": len(decision.resource_ids)},
             )
+
+    def _is_running_step(self, assignment_id: str) -> bool:
+        return self.rollout.train is not None and self.rollout.train.assignment_id == assignment_id
+
+    def _abort(self, groups: list[GroupState], cause: str) -> None:
+        for d in self.loader.plan_abort(groups, cause, self.policy.max_regenerations):
+            self._emit(d)
 
     def _lose(self, resource_id: str, cause: str) -> None:
         for d in self.pool.plan_loss(resource_id, cause):

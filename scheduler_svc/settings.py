@@ -24,6 +24,9 @@ class SchedulerSettings:
     min_groups_on_timeout: int = 1
     #: Passes over the task dataset.
     epochs: int = 1
+    #: A group still rolling out this long after its dispatch (some member never reported) is aborted:
+    #: dispatched again within the policy's max_regenerations, else dropped (None: wait for ever).
+    group_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("train_batch_groups", "samples_per_task", "max_inflight_samples_per_resource"):
@@ -37,5 +40,7 @@ class SchedulerSettings:
             raise ConfigError(
                 f"SchedulerSettings.min_groups_on_timeout must be >= 1, got {self.min_groups_on_timeout!r}"
             )
+        if self.group_timeout_s is not None and not self.group_timeout_s > 0:
+            raise ConfigError(f"SchedulerSettings.group_timeout_s must be > 0 or None, got {self.group_timeout_s!r}")
         if self.epochs < 1:
             raise ConfigError(f"SchedulerSettings.epochs must be >= 1, got {self.epochs!r}")

@@ -438,6 +438,9 @@ class TrainStepCompleted(Event):
     num_tokens: int
     trajectory_ids: tuple[str, ...] = ()
     duration_ms: float
+    status: str = "completed"
+    reason: str = ""
+    dropped_group_ids: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:

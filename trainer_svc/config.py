@@ -147,6 +147,18 @@ class AlgorithmConfig:
     """PPO: AdamW learning rate of the critic."""
     skip_statuses: tuple[str, ...] = ("aborted",)
     """Session statuses not trained on (an aborted session's reward means nothing)."""
+    max_abs_reward: float = 1e6
+    """Largest |reward| a step accepts. A NaN, an infinity or a reward beyond it refuses the whole step
+    (`NonFiniteError`, no weight changes): refused, never clamped, because a reward that large is a bug
+    upstream and a clamped one would still be trained on as if it meant something. 1e6 keeps every GRPO
+    statistic (squared deviations: 1e12) far inside float32."""
+    min_group_members: int = 2
+    """GRPO: a group with fewer usable members (tokens to train on, status not skipped) is dropped and
+    reported: a lone member is its own baseline, its advantage is 0. Members without tokens (failed
+    sessions, empty trajectories) still complete their group but are not part of its baseline."""
+    drop_zero_variance_groups: bool = True
+    """GRPO: a group whose usable members all have the same reward is dropped and reported (its
+    advantages are all 0: it would only dilute the loss of the others)."""
 
     def __post_init__(self) -> None:
         _check_choice("algorithm.algorithm", self.algorithm, get_args(Algorithm))
@@ -170,6 +182,9 @@ class AlgorithmConfig:
         if self.value_clip is not None:
             _check_number("algorithm.value_clip", self.value_clip, low=0, low_open=True)
         _check_number("algorithm.critic_learning_rate", self.critic_learning_rate, low=0, low_open=True)
+        _check_number("algorithm.max_abs_reward", self.max_abs_reward, low=0, low_open=True)
+        _check_number("algorithm.min_group_members", self.min_group_members, low=1, integer=True)
+        _check_bool("algorithm.drop_zero_variance_groups", self.drop_zero_variance_groups)
         if not isinstance(self.skip_statuses, tuple) or not all(isinstance(s, str) for s in self.skip_statuses):
             raise _fail("algorithm.skip_statuses", self.skip_statuses, "must be a tuple of strings")
 

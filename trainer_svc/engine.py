@@ -154,6 +154,23 @@ class TrainEngine:
             return float("nan") if local_norm is None else local_norm
         return float(norm.item() if isinstance(norm, torch.Tensor) else norm)
 
+    def gradients_finite(self) -> bool:
+        """Whether the accumulated gradients are all finite, checked before `step` applies them. The
+        gradients on the parameters are what ZeRO stage 0 in fp32 steps from; ZeRO 1/2 and bf16 move them
+        into their own buffers as they reduce, so for those this sees only what is left on the parameters
+        and the trainer's checks of the loss and of the updated weights are what guard them."""
+        return all(bool(torch.isfinite(p.grad).all()) for p in self.module.parameters() if p.grad is not None)
+
+    def discard_gradients(self) -> None:
+        """Drops what was accumulated for an update that is refused, so the next update starts clean."""
+        self.engine.zero_grad()
+        zero_grad = getattr(self.engine.optimizer, "zero_grad", None)
+        if zero_grad is not None:
+            zero_grad(set_to_none=True)
+
+    def parameters_finite(self) -> bool:
+        return all(bool(torch.isfinite(p.detach()).all()) for p in self.module.parameters())
+
     def _local_grad_norm(self) -> float | None:
         grads = [p.grad.detach().float() for p in self.module.parameters() if p.grad is not None]
         if not grads:

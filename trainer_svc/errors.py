@@ -24,3 +24,14 @@ class CheckpointError(TrainerError):
 
 class BatchError(TrainerError):
     """A train step was given data it cannot learn from (wrong policy version, no trajectories)."""
+
+
+class NonFiniteError(BatchError):
+    """A step refused because a reward, the loss, a gradient or an updated weight is not finite (or a reward
+    is beyond `algorithm.max_abs_reward`). `weights_changed` is False when it was raised before any
+    optimizer update of the step; True when earlier updates of the step were applied (then the caller must
+    restore the weights of the last checkpoint before it trains again or publishes anything)."""
+
+    def __init__(self, message: str, *, weights_changed: bool = False) -> None:
+        super().__init__(message)
+        self.weights_changed = weights_changed

@@ -19,7 +19,22 @@ When a step runs
                 first). A trajectory without a group id is a group of its own, complete on arrival.
     Either way a group (with its BatchReady) whose newest token is more than `max_staleness` versions
     old is dropped untrained: every one of its tokens would be masked out of the loss. A trajectory
-    arriving for a group already trained or dropped is ignored (logged).
+    arriving for a group already trained or dropped is ignored (logged). In scheduled mode the
+    scheduler's `TaskCompleted` with status aborted / dropped (topic `tasks`: a straggler or a group
+    timeout) drops that group from the buffer too: it will never be assigned.
+    An empty trajectory (a session that ended with no call) is a valid member of its group: it counts
+    for the group's completion and contributes no tokens (the core leaves it out of the baseline, see
+    `trainer.select_trainable`); only a malformed tree is dead-lettered.
+
+A step that trains nothing is reported, never dropped silently
+    When none of a step's data can be trained on (every group missing, empty, dropped by the core's
+    group rules, or the step refused by the non-finite guard), the service publishes a
+    `TrainStepCompleted` with status `skipped`, the unchanged version as `new_version`, the reason and
+    the step's groups in `dropped_group_ids`, and publishes no weights. The scheduler takes it as the
+    end of the step without a new version and plans the step again with fresh groups (it dispatches the
+    skipped groups' tasks again, within its `max_regenerations`). A refusal after some updates of the
+    step were applied (`NonFiniteError.weights_changed`) first restores the last checkpoint (or the
+    base model before the first one), so weights never move on a refused step.
 
 One step (ids: `step_event_id(run_id, step, type)`, the same for every attempt at that step)
     1. TrainStepStarted (acknowledged by Kafka before training; a redone step repeats it, same id);
@@ -80,7 +95,9 @@ from schemas.events import (
     Assignment,
     BatchReady,
     Preemption,
+    TaskCompleted,
     TrainData,
+    TrainStepCompleted,
     TrainStepStarted,
     Trajectory,
     WeightsPublished,
@@ -90,7 +107,7 @@ from schemas.events import (
 )
 from trainer_svc import checkpoint as ckpt
 from trainer_svc.config import ServiceConfig
-from trainer_svc.errors import BatchError, CheckpointError, TrainerError
+from trainer_svc.errors import BatchError, CheckpointError, NonFiniteError, TrainerError
 from trainer_svc.trainer import StepResult, Trainer, pack_trajectory
 
 log = logging.getLogger(__name__)
@@ -98,7 +115,10 @@ log = logging.getLogger(__name__)
 #: uuid5 namespace of the step event ids (fixed forever: a redone step must get the same ids).
 NAMESPACE = uuid.UUID("0c3f6a57-8d2e-4b61-a9c4-7e15d2b0f3a8")
 STATE_FORMAT = 1
-TRAJECTORIES, SCHEDULER, TRAIN, WEIGHTS = "trajectories", "scheduler", "train", "weights"
+TRAJECTORIES, SCHEDULER, TRAIN, WEIGHTS, TASKS = "trajectories", "scheduler", "train", "weights", "tasks"
+#: TaskCompleted statuses of a group the scheduler gave up on (never to be assigned to a step).
+ABANDONED_STATUSES = ("aborted", "dropped")
+SKIPPED = "skipped"
 TRAIN_TASK = "train"
 FAULT_ENV = "SFLOW_TRAINER_FAULT"
 #: How far before a step's WeightsPublished time `weights` is searched for it at start.
@@ -389,7 +409,7 @@ class TrainerService:
 
     @property
     def topics(self) -> tuple[str, ...]:
-        return (TRAJECTORIES, SCHEDULER, TRAIN) if self.config.mode == "scheduled" else (TRAJECTORIES,)
+        return (TRAJECTORIES, SCHEDULER, TRAIN, TASKS) if self.config.mode == "scheduled" else (TRAJECTORIES,)
 
     @property
     def _trainer(self) -> Trainer:
@@ -515,12 +535,28 @@ class TrainerService:
             if dropped is not None:
                 self._log("train assignment preempted before it ran", logging.WARNING,
                           assignment=event.correlation_id, reason=event.reason)
+        elif isinstance(event, TaskCompleted) and event.status in ABANDONED_STATUSES:
+            self._on_abandoned_group(event.group_id)
+
+    def _on_abandoned_group(self, group_id: str) -> None:
+        """The scheduler aborted or dropped a group: no step will take it, so its members leave the buffer
+        (they would otherwise pin the resume offsets for ever). A group already assigned is kept."""
+        ledger = self.ledger
+        if not group_id or group_id in ledger.done_groups:
+            return
+        if any(group_id in p.group_ids for p in ledger.pending.values()):
+            return
+        buffered = ledger.groups.get(group_id)
+        ledger.finish([group_id], self._trainer.step)
+        self._log("group aborted by the scheduler: dropped from the buffer", logging.INFO, group=group_id,
+                  trajectories=0 if buffered is None else len(buffered.trajectories))
 
     def _on_trajectory(self, r: Received, t: Trajectory, position: Position) -> None:
         if t.trajectory_id in self.ledger.done_trajectories:
             return
         try:
-            pack_trajectory(t)
+            if t.nodes:  # no nodes: a session that ended with no call, a member with no tokens
+                pack_trajectory(t)
         except BatchError as e:
             self._consumer.dead_letter(r, f"trajectory cannot be trained: {e}")
             self.ledger.drop_trajectory(t, position, self._trainer.step)
@@ -644,23 +680,28 @@ class TrainerService:
         ledger.finish(empty, trainer.step)
         if pending is not None:
             ledger.pending.pop(pending.assignment_id, None)
-        if not trajectories:
-            self._log("nothing to train on: step not run", logging.ERROR,
-                      assignment=pending.assignment_id if pending else "")
-            return None
         step, policy_version = trainer.step + 1, trainer.version
         correlation = pending.assignment_id if pending is not None else self.config.run_id
+        untrained = [*trained_groups, *missing, *empty]
+        if not trajectories:
+            why = (f"nothing to train on: {len(missing)} group(s) missing, {len(empty)} with every member "
+                   f"dead-lettered, {len(already)} already trained")
+            self._skip_step(step, correlation, untrained, why)
+            return None
         self._producer.publish_sync(TrainStepStarted(
             event_id=step_event_id(self.config.run_id, step, "TrainStepStarted"),
             producer=self.producer_id, correlation_id=correlation, run_id=self.config.run_id, step=step,
             policy_version=policy_version, resource_ids=self.config.resource_ids,
             num_trajectories=len(trajectories), num_tokens=sum(t.tokens_in_tree for t in trajectories),
         ))
+        started = time.perf_counter()
         try:
             result = trainer.train_step(trajectories, policy_version)
-        except BatchError as e:  # raised before any weight changed: nothing here can be learned from
-            self._log("step not run: nothing trainable", logging.ERROR, step=step, error=str(e))
+        except BatchError as e:  # nothing here can be learned from
+            if isinstance(e, NonFiniteError) and e.weights_changed:
+                self._restore_last_checkpoint()
             ledger.finish(trained_groups + missing, trainer.step)
+            self._skip_step(step, correlation, untrained, str(e), (time.perf_counter() - started) * 1000.0)
             return None
         ledger.finish(trained_groups + missing, result.step)
         self._maybe_fault("kill-before-checkpoint", result.step)
@@ -684,6 +725,33 @@ class TrainerService:
                   trajectories=len(result.trajectory_ids), skipped=len(result.skipped_trajectory_ids),
                   groups=len(trained_groups), checkpoint=str(directory))
         return result
+
+    def _skip_step(self, step: int, correlation: str, group_ids: Sequence[str], reason: str,
+                   duration_ms: float = 0.0) -> None:
+        """Reports a step that trained nothing (see the module docstring): the scheduler re-plans it.
+
+        The id is a function of the step and its groups: a restart that re-reads the same assignment
+        and skips it again publishes the same event, which consumers drop as a duplicate."""
+        groups = tuple(sorted(set(group_ids)))
+        detail = f"{correlation}/{','.join(groups)}"
+        self._producer.publish_sync(TrainStepCompleted(
+            event_id=step_event_id(self.config.run_id, step, f"TrainStepCompleted/{SKIPPED}/{detail}"),
+            producer=self.producer_id, correlation_id=correlation, run_id=self.config.run_id, step=step,
+            new_version=self._trainer.version, loss=0.0, reward_mean=0.0, kl=0.0, clip_fraction=0.0,
+            num_tokens=0, duration_ms=duration_ms, status=SKIPPED, reason=reason, dropped_group_ids=groups,
+        ))
+        self._log("step skipped: nothing trainable, the scheduler plans it again", logging.WARNING, step=step,
+                  assignment=correlation, groups=",".join(groups), reason=reason)
+
+    def _restore_last_checkpoint(self) -> None:
+        """Weights and optimizer back to the last published version (the base model before the first)."""
+        latest = ckpt.latest_checkpoint(self.config.checkpoint_root)
+        if latest is None:
+            self.trainer = Trainer(self.config.trainer_config())
+        else:
+            self._trainer.load_checkpoint(latest)
+        self._log("weights restored after a refused step", logging.WARNING,
+                  checkpoint=str(latest) if latest else "base model", version=self._trainer.version)
 
     def _weights_event(self, directory: Path, ts_ms: int, correlation: str) -> WeightsPublished:
         """WeightsPublished of a committed checkpoint; a function of the directory (and the recorded time)."""

@@ -17,14 +17,29 @@ One train step (policy version v -> v + 1):
 Loss weights are computed per update over all its micro-batches, so the result does not depend on
 how the trees were split into micro-batches. GRPO baselines come from the trajectories of the step:
 the shell should hand over whole groups (`BatchReady`), or a group's baseline is partial.
-Trajectories with a skipped status (default: aborted) or without tokens are not trained on.
+Which data a step trains on (`select_trainable`, a plain function):
+  * a member with a skipped status (default: aborted) or without tokens (a failed session, an empty
+    trajectory) is not trained on; it still counts for its group's completion (upstream), but it is
+    not part of the group's GRPO baseline: the group trains on its remaining members;
+  * GRPO: a group with fewer than `min_group_members` usable members, or (with
+    `drop_zero_variance_groups`) whose usable members all have one reward, is dropped; dropped groups
+    and why are reported (`StepResult.dropped_groups` -> TrainStepCompleted.dropped_group_ids / reason);
+  * nothing left: `BatchError` (no weight changed; the shell reports the step as skipped).
+Non-finite guard (`NonFiniteError`): a usable member's reward that is NaN, infinite or beyond
+`max_abs_reward` refuses the whole step before anything is computed (refused, not clamped); so do
+non-finite advantages. A non-finite loss (checked before its backward) or gradient (checked before the
+optimizer step) refuses the update and the step; the accumulated gradients are discarded. Weights are
+checked after the last update: non-finite weights are never returned as a new version. When an earlier
+update of the same step was already applied (several updates per step), the error says
+`weights_changed=True` and the caller restores the last checkpoint.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, cast
@@ -34,10 +49,10 @@ from torch import Tensor, nn
 
 from schemas.events import TrainStepCompleted, Trajectory
 from trainer_svc import checkpoint as ckpt
-from trainer_svc.config import TrainerConfig
+from trainer_svc.config import AlgorithmConfig, TrainerConfig
 from trainer_svc.critic import ValueModel
 from trainer_svc.engine import TrainEngine
-from trainer_svc.errors import BatchError, CheckpointError, EngineError, TreePackError
+from trainer_svc.errors import BatchError, CheckpointError, EngineError, NonFiniteError, TreePackError
 from trainer_svc.losses import (
     LossStats,
     ValueLossStats,
@@ -100,6 +115,7 @@ class StepResult:
     duration_ms: float
     trajectory_ids: tuple[str, ...]
     skipped_trajectory_ids: tuple[str, ...] = ()
+    dropped_groups: tuple[tuple[str, str], ...] = ()  # (group key, why it was not trained on)
 
     def to_event(self, *, run_id: str, producer: str = "") -> TrainStepCompleted:
         return TrainStepCompleted(
@@ -116,6 +132,8 @@ class StepResult:
             num_tokens=self.num_tokens,
             trajectory_ids=self.trajectory_ids,
             duration_ms=self.duration_ms,
+            reason=describe_dropped(self.dropped_groups),
+            dropped_group_ids=tuple(g for g, _ in self.dropped_groups),
         )
 
 
@@ -134,8 +152,67 @@ class _MicroBatch:
     returns: Tensor | None = None
 
 
-def _group_key(trajectory: Trajectory) -> Hashable:
+def _group_key(trajectory: Trajectory) -> str:
     return trajectory.group_id or trajectory.task_id or trajectory.trajectory_id
+
+
+def describe_dropped(dropped: Sequence[tuple[str, str]]) -> str:
+    return "; ".join(f"{group}: {why}" for group, why in dropped)
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What a step trains on: the kept trajectories (input order), the others, the dropped groups."""
+
+    kept: tuple[Trajectory, ...]
+    skipped_ids: tuple[str, ...]
+    dropped_groups: tuple[tuple[str, str], ...]
+
+
+def usable(trajectory: Trajectory, algo: AlgorithmConfig) -> bool:
+    """A member that has tokens to train on and a status whose reward means something."""
+    return trajectory.status not in algo.skip_statuses and bool(trajectory.nodes)
+
+
+def check_rewards(trajectories: Sequence[Trajectory], max_abs_reward: float) -> None:
+    """Raises `NonFiniteError` naming every reward that is NaN, infinite or beyond the bound."""
+    bad = [t for t in trajectories if not math.isfinite(t.reward) or abs(t.reward) > max_abs_reward]
+    if bad:
+        named = ", ".join(f"{t.trajectory_id!r}={t.reward!r}" for t in bad[:5])
+        raise NonFiniteError(f"{len(bad)} reward(s) not finite or beyond max_abs_reward={max_abs_reward:g}: "
+                             f"{named}; step refused")
+
+
+def select_trainable(trajectories: Sequence[Trajectory], algo: AlgorithmConfig) -> Selection:
+    """The members and groups a step trains on (see the module docstring); raises `NonFiniteError`
+    when a usable member's reward cannot be trained on."""
+    members = [t for t in trajectories if usable(t, algo)]
+    check_rewards(members, algo.max_abs_reward)
+    dropped: dict[str, str] = {}
+    for t in trajectories:
+        if not usable(t, algo):
+            dropped.setdefault(_group_key(t), "no usable member")
+    if algo.algorithm == "grpo":
+        by_group: dict[str, list[Trajectory]] = {}
+        for t in members:
+            by_group.setdefault(_group_key(t), []).append(t)
+        for key, group in by_group.items():
+            if len(group) < algo.min_group_members:
+                dropped[key] = f"{len(group)} usable member(s), fewer than min_group_members={algo.min_group_members}"
+            elif algo.drop_zero_variance_groups and len({t.reward for t in group}) == 1:
+                dropped[key] = f"zero reward variance (every usable member has reward {group[0].reward!r})"
+            else:
+                dropped.pop(key, None)
+    else:
+        for t in members:
+            dropped.pop(_group_key(t), None)
+    kept = tuple(t for t in members if _group_key(t) not in dropped)
+    kept_ids = {t.trajectory_id for t in kept}
+    return Selection(
+        kept=kept,
+        skipped_ids=tuple(t.trajectory_id for t in trajectories if t.trajectory_id not in kept_ids),
+        dropped_groups=tuple(sorted(dropped.items())),
+    )
 
 
 class Trainer:
@@ -190,12 +267,14 @@ class Trainer:
         if policy_version != self.version:
             raise BatchError(f"policy_version={policy_version}, but the trainer holds version {self.version}")
         algo = self.config.algorithm
-        kept = [t for t in trajectories if t.status not in algo.skip_statuses and t.nodes]
-        skipped = tuple(t.trajectory_id for t in trajectories if t.status in algo.skip_statuses or not t.nodes)
+        packed = {t.trajectory_id: pack_trajectory(t) for t in trajectories if usable(t, algo)}
+        selection = select_trainable(trajectories, algo)
+        kept = list(selection.kept)
         if not kept:
             raise BatchError(f"no trajectory to train on ({len(trajectories)} given, all skipped: "
-                             f"status in {algo.skip_statuses} or no tokens)")
-        trees = [pack_trajectory(t) for t in kept]
+                             f"status in {algo.skip_statuses}, no tokens, or their group dropped: "
+                             f"{describe_dropped(selection.dropped_groups)})")
+        trees = [packed[t.trajectory_id] for t in kept]
         rewards = torch.tensor([float(t.reward) for t in kept], dtype=torch.float32)
 
         histogram: list[int] = []
@@ -206,20 +285,29 @@ class Trainer:
         micro_batches = self._micro_batches(trees, policy_version)
         updates = self._split_updates(micro_batches)
         self._prepare(micro_batches, trees, rewards, kept, multiple_updates=len(updates) * algo.ppo_epochs > 1)
+        if not all(bool(torch.isfinite(mb.advantages).all()) for mb in micro_batches):
+            raise NonFiniteError("advantages are not finite; step refused")
 
         stats = LossStats()
         value_stats = ValueLossStats()
         grad_norm = float("nan")
+        applied = 0
         for _ in range(algo.ppo_epochs):
             for update in updates:
                 weights = self._token_weights(update, len(kept))
                 for mb, w in zip(update, weights, strict=True):
-                    stats = stats.merge(self._policy_backward(mb, w))
+                    stats = stats.merge(self._policy_backward(mb, w, applied))
+                self._refuse_non_finite_gradients(self.policy, "policy", applied)
                 grad_norm = self.policy.step()
-                if self.critic is not None:
+                if self.critic is not None:  # the policy of this update is applied already
                     for mb, w in zip(update, weights, strict=True):
-                        value_stats = value_stats.merge(self._critic_backward(mb, w))
+                        value_stats = value_stats.merge(self._critic_backward(mb, w, applied + 1))
+                    self._refuse_non_finite_gradients(self.critic, "critic", applied + 1)
                     self.critic.step()
+                applied += 1
+        engines = [self.policy] if self.critic is None else [self.policy, self.critic]
+        if not all(e.parameters_finite() for e in engines):
+            raise NonFiniteError("weights are not finite after the update; step refused", weights_changed=True)
 
         self.step += 1
         self.version = policy_version + 1
@@ -251,7 +339,8 @@ class Trainer:
             grad_norm=grad_norm,
             duration_ms=(time.perf_counter() - started) * 1000.0,
             trajectory_ids=tuple(t.trajectory_id for t in kept),
-            skipped_trajectory_ids=skipped,
+            skipped_trajectory_ids=selection.skipped_ids,
+            dropped_groups=selection.dropped_groups,
         )
         log.info(
             "train step %d: version %d -> %d, loss %.4f, reward %.3f, %d tokens in %.0f ms",
@@ -329,7 +418,22 @@ class Trainer:
         per_sample = aggregation_weights(counts, self.config.algorithm.aggregation)
         return [torch.where(mb.train_mask, per_sample[mb.sample_index], 0.0) for mb in update]
 
-    def _policy_backward(self, mb: _MicroBatch, weights: Tensor) -> LossStats:
+    @staticmethod
+    def _refuse_non_finite_loss(engine: TrainEngine, loss: Tensor, what: str, applied: int) -> None:
+        """Before the backward: a non-finite loss never reaches the gradients."""
+        if not bool(torch.isfinite(loss.detach()).all()):
+            engine.discard_gradients()
+            raise NonFiniteError(f"{what} loss is not finite ({float(loss.detach())}); step refused",
+                                 weights_changed=applied > 0)
+
+    @staticmethod
+    def _refuse_non_finite_gradients(engine: TrainEngine, what: str, applied: int) -> None:
+        """Before the optimizer step: non-finite gradients are never applied."""
+        if not engine.gradients_finite():
+            engine.discard_gradients()
+            raise NonFiniteError(f"{what} gradients are not finite; step refused", weights_changed=applied > 0)
+
+    def _policy_backward(self, mb: _MicroBatch, weights: Tensor, applied: int) -> LossStats:
         algo = self.config.algorithm
         logprobs = forward_logprobs(self.policy.engine, mb.batch)
         device = logprobs.device
@@ -341,15 +445,17 @@ class Trainer:
             iw_cap=algo.iw_cap, iw_mode=algo.iw_mode,
             ref_logprobs=None if mb.reference is None else mb.reference.to(device), kl_coef=algo.kl_coef,
         )
+        self._refuse_non_finite_loss(self.policy, loss, "policy", applied)
         self.policy.backward(loss)
         return stats
 
-    def _critic_backward(self, mb: _MicroBatch, weights: Tensor) -> ValueLossStats:
+    def _critic_backward(self, mb: _MicroBatch, weights: Tensor, applied: int) -> ValueLossStats:
         assert self.critic is not None and mb.old_values is not None and mb.returns is not None
         values = forward_values(self.critic.engine, mb.batch)
         device = values.device
         loss, stats = value_loss(values, mb.old_values.to(device), mb.returns.to(device), weights.to(device),
                                  mb.train_mask.to(device), clip=self.config.algorithm.value_clip)
+        self._refuse_non_finite_loss(self.critic, loss, "value", applied)
         self.critic.backward(loss)
         return stats
 
@@ -364,6 +470,9 @@ class Trainer:
         the shell passes the offsets of every trajectory trained so far, so they commit with the weights.
         """
         final = Path(directory).resolve()
+        engines = [self.policy] if self.critic is None else [self.policy, self.critic]
+        if not all(e.parameters_finite() for e in engines):
+            raise CheckpointError(f"{final}: weights are not finite; nothing is written")
         offsets = ckpt.check_offsets(self.consumed_offsets if consumed_offsets is None else consumed_offsets)
         staging = ckpt.staging_dir(final)
         try:
