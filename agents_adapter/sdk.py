@@ -10,6 +10,13 @@
 A reward that is only known later (an external verifier): leave `reward` None; the session ends
 waiting for it, and `report_reward` (or `report_reward_later(base_url, key, session_id, reward)`) sends it.
 `AsyncAgentSession` is the same over `openai.AsyncOpenAI` (`async with`).
+
+A proxy restart costs no episode: every request (the chat calls, not only the end) is retried with
+the client's own backoff (0.5 s doubling to 8 s) for at least `retry_budget_s` (default 60 s, about
+what a proxy restart takes), on connection errors, timeouts and 5xx. A retry is safe: the client sends
+an `Idempotency-Key` per request, the same on each of its retries, and the proxy answers a retry of a
+call it already recorded with that call (from its durable session store) instead of sampling a second
+one, so a session's tree never holds two copies of one turn; ends and rewards are idempotent too.
 """
 
 from __future__ import annotations
@@ -21,6 +28,34 @@ from typing import Any
 import openai
 
 logger = logging.getLogger(__name__)
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+RETRY_BUDGET_S = 60.0
+_BACKOFF_FIRST_S, _BACKOFF_MAX_S, _BACKOFF_MIN_JITTER = 0.5, 8.0, 0.75  # openai's retry backoff
+
+
+def retries_covering(budget_s: float) -> int:
+    """How many retries the openai client needs to keep trying for at least `budget_s` (its shortest waits)."""
+    if budget_s < 0:
+        raise ValueError(f"retry_budget_s={budget_s} must be >= 0")
+    retries, waited = 0, 0.0
+    while waited < budget_s:
+        waited += _BACKOFF_MIN_JITTER * min(_BACKOFF_FIRST_S * 2**retries, _BACKOFF_MAX_S)
+        retries += 1
+    return retries
+
+
+class _IdempotentClient(openai.OpenAI):
+    """`openai.OpenAI` sending an idempotency key (one per request, kept across its retries)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._idempotency_header = IDEMPOTENCY_HEADER  # None in openai's client: no key is sent
+
+
+class _AsyncIdempotentClient(openai.AsyncOpenAI):
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._idempotency_header = IDEMPOTENCY_HEADER
 
 
 def session_headers(session_id: str, task_id: str = "", group_id: str = "") -> dict[str, str]:
@@ -33,17 +68,19 @@ def session_headers(session_id: str, task_id: str = "", group_id: str = "") -> d
 
 
 class _SessionBase:
-    def __init__(self, session_id: str | None, task_id: str, group_id: str, end_max_retries: int) -> None:
+    def __init__(self, session_id: str | None, task_id: str, group_id: str, max_retries: int | None,
+                 end_max_retries: int | None, retry_budget_s: float) -> None:
         self.session_id = session_id or f"s-{uuid.uuid4().hex}"
         self.task_id = task_id
         self.group_id = group_id
         self.reward: float | None = None
         self.status = "completed"
         self.ended: dict[str, Any] | None = None
+        covering = retries_covering(retry_budget_s)
+        self.max_retries = covering if max_retries is None else max_retries
         # Ending a session is what makes its trajectory exist (even a failed one, so its task group
-        # completes): while the proxy is unreachable (restarting), the end is retried this many times
-        # with the client's own backoff (0.5 s doubling to 8 s: about a minute for 10).
-        self.end_max_retries = end_max_retries
+        # completes): it is retried through a restart even when the calls were told not to retry.
+        self.end_max_retries = covering if end_max_retries is None else end_max_retries
 
     @property
     def headers(self) -> dict[str, str]:
@@ -59,11 +96,12 @@ class AgentSession(_SessionBase):
     """A session over `openai.OpenAI` (see the module doc)."""
 
     def __init__(self, base_url: str, api_key: str, *, session_id: str | None = None, task_id: str = "",
-                 group_id: str = "", timeout_s: float = 600.0, max_retries: int = 2,
-                 end_max_retries: int = 10) -> None:
-        super().__init__(session_id, task_id, group_id, end_max_retries)
-        self.client = openai.OpenAI(base_url=base_url, api_key=api_key, default_headers=self.headers,
-                                    timeout=timeout_s, max_retries=max_retries)
+                 group_id: str = "", timeout_s: float = 600.0, max_retries: int | None = None,
+                 end_max_retries: int | None = None, retry_budget_s: float = RETRY_BUDGET_S) -> None:
+        super().__init__(session_id, task_id, group_id, max_retries, end_max_retries, retry_budget_s)
+        self.client: openai.OpenAI = _IdempotentClient(
+            base_url=base_url, api_key=api_key, default_headers=self.headers, timeout=timeout_s,
+            max_retries=self.max_retries)
 
     def end(self, reward: float | None = None, status: str = "completed") -> dict[str, Any]:
         """Ends the session now (reward None: the reward comes later through `report_reward`)."""
@@ -104,11 +142,12 @@ class AsyncAgentSession(_SessionBase):
     """A session over `openai.AsyncOpenAI` (`async with`)."""
 
     def __init__(self, base_url: str, api_key: str, *, session_id: str | None = None, task_id: str = "",
-                 group_id: str = "", timeout_s: float = 600.0, max_retries: int = 2,
-                 end_max_retries: int = 10) -> None:
-        super().__init__(session_id, task_id, group_id, end_max_retries)
-        self.client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, default_headers=self.headers,
-                                         timeout=timeout_s, max_retries=max_retries)
+                 group_id: str = "", timeout_s: float = 600.0, max_retries: int | None = None,
+                 end_max_retries: int | None = None, retry_budget_s: float = RETRY_BUDGET_S) -> None:
+        super().__init__(session_id, task_id, group_id, max_retries, end_max_retries, retry_budget_s)
+        self.client: openai.AsyncOpenAI = _AsyncIdempotentClient(
+            base_url=base_url, api_key=api_key, default_headers=self.headers, timeout=timeout_s,
+            max_retries=self.max_retries)
 
     async def end(self, reward: float | None = None, status: str = "completed") -> dict[str, Any]:
         self.reward, self.status = reward, status
@@ -145,6 +184,6 @@ def report_reward_later(base_url: str, api_key: str, session_id: str, reward: fl
                         status: str | None = None) -> dict[str, Any]:
     """The reward of a session that ended without one (e.g. from a verifier in another process)."""
     body: dict[str, Any] = {"reward": reward} | ({"status": status} if status else {})
-    with openai.OpenAI(base_url=base_url, api_key=api_key) as client:
+    with _IdempotentClient(base_url=base_url, api_key=api_key, max_retries=retries_covering(RETRY_BUDGET_S)) as client:
         result: dict[str, Any] = client.post(f"/sessions/{session_id}/reward", body=body, cast_to=dict)
         return result

@@ -30,7 +30,8 @@ the longest served `prompt + output` that prefixes the new prompt is reused verb
 starts with a served prompt but not with its output is drift.
 
 Sessions live in an LRU cache with an idle TTL (`SessionCache`); each keeps at most
-`calls_cached_per_session` served calls.
+`calls_cached_per_session` served calls. The cache is rebuilt from the durable session store
+(`session_store`) when a session comes back after an eviction or a proxy restart (`TitoBuilder.restore`).
 """
 
 from __future__ import annotations
@@ -440,11 +441,31 @@ class TitoBuilder:
         drift = has_history and state.calls_served > 0
         return BuiltPrompt(self.codec.encode(self.codec.render(messages, tools)), "", drift, 0, chain[-1])
 
+    @staticmethod
+    def chat_key(prompt: BuiltPrompt, reply: Message) -> bytes:
+        """Where a served chat call is kept: the conversation that led to it, its reply included."""
+        return hashlib.blake2b(prompt.chain_key + canonical_message(reply), digest_size=16).digest()
+
     def remember_chat(self, state: SessionState, prompt: BuiltPrompt, reply: Message, call_id: str,
                       output_ids: Sequence[int]) -> None:
-        key = hashlib.blake2b(prompt.chain_key + canonical_message(reply), digest_size=16).digest()
-        ids = np.asarray([*prompt.ids, *output_ids], dtype=np.int32)
-        self._keep(state.chat_calls, key, CachedCall(call_id, ids, len(prompt.ids), glue=self.codec.glue(output_ids)))
+        self.restore(state, {"kind": "chat", "key": self.chat_key(prompt, reply).hex()}, call_id, prompt.ids,
+                     output_ids)
+
+    def restore(self, state: SessionState, entry: Mapping[str, Any], call_id: str, prompt_ids: Sequence[int],
+                output_ids: Sequence[int]) -> None:
+        """Keeps a served call under `entry` ({"kind": chat|text|tokens, ...}: what `remember_*` derive, and
+        what the durable session store keeps so that a session's cache survives a proxy restart)."""
+        ids = np.asarray([*prompt_ids, *output_ids], dtype=np.int32)
+        kind = entry["kind"]
+        if kind == "chat":
+            self._keep(state.chat_calls, bytes.fromhex(entry["key"]),
+                       CachedCall(call_id, ids, len(prompt_ids), glue=self.codec.glue(output_ids)))
+        elif kind == "text":
+            self._keep(state.text_calls, call_id, CachedCall(call_id, ids, len(prompt_ids),
+                                                             prompt_text=entry["prompt_text"],
+                                                             full_text=entry["full_text"]))
+        else:
+            self._keep(state.token_calls, call_id, CachedCall(call_id, ids, len(prompt_ids)))
 
     # ----- text completions
 
@@ -464,10 +485,8 @@ class TitoBuilder:
 
     def remember_text(self, state: SessionState, prompt: BuiltPrompt, served_text: str, call_id: str,
                       output_ids: Sequence[int]) -> None:
-        ids = np.asarray([*prompt.ids, *output_ids], dtype=np.int32)
-        entry = CachedCall(call_id, ids, len(prompt.ids), prompt_text=prompt.text,
-                           full_text=prompt.text + served_text)
-        self._keep(state.text_calls, call_id, entry)
+        self.restore(state, {"kind": "text", "prompt_text": prompt.text, "full_text": prompt.text + served_text},
+                     call_id, prompt.ids, output_ids)
 
     # ----- token prompts
 
@@ -489,8 +508,7 @@ class TitoBuilder:
 
     def remember_tokens(self, state: SessionState, prompt: BuiltPrompt, call_id: str,
                         output_ids: Sequence[int]) -> None:
-        ids = np.asarray([*prompt.ids, *output_ids], dtype=np.int32)
-        self._keep(state.token_calls, call_id, CachedCall(call_id, ids, len(prompt.ids)))
+        self.restore(state, {"kind": "tokens"}, call_id, prompt.ids, output_ids)
 
     def _keep(self, calls: OrderedDict[Any, CachedCall], key: Any, entry: CachedCall) -> None:
         calls[key] = entry
