@@ -23,6 +23,7 @@ from scheduler_svc.decisions import (
     TagTransition,
     TrainData,
     TrainStepCompleted,
+    TrainStepSkipped,
     WeightsLoaded,
 )
 from scheduler_svc.errors import CapabilityError, ConfigError, ReplayError, UnknownResourceError
@@ -345,7 +346,7 @@ class ResourcePool:
             raise ReplayError(f"train data for unknown assignment {d.assignment_id!r}")
         a.work.extend(d.group_ids)
 
-    def _apply_step_completed(self, obs: TrainStepCompleted) -> None:
+    def _apply_step_completed(self, obs: TrainStepCompleted | TrainStepSkipped) -> None:
         self._end_assignment(obs.assignment_id)
 
     def _apply_weights_loaded(self, obs: WeightsLoaded) -> None:
@@ -382,5 +383,6 @@ _APPLY: dict[type, Any] = {
     Preemption: ResourcePool._apply_preemption,
     TrainData: ResourcePool._apply_train_data,
     TrainStepCompleted: ResourcePool._apply_step_completed,
+    TrainStepSkipped: ResourcePool._apply_step_completed,
     WeightsLoaded: ResourcePool._apply_weights_loaded,
 }
