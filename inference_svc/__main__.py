@@ -9,6 +9,8 @@ same host/port and waits on it.
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 from typing import TYPE_CHECKING
 
@@ -70,6 +72,8 @@ def main(argv: list[str] | None = None) -> None:
         if shell is not None:
             shell.stop()
         engine.shutdown()
+    if shell is not None and shell.failure is not None:
+        raise SystemExit(f"inference {config.resource_id}: {shell.failure}")
 
 
 def _join_bus(config: InferenceConfig, engine: NativeEngine) -> InferenceBusShell:
@@ -80,7 +84,7 @@ def _join_bus(config: InferenceConfig, engine: NativeEngine) -> InferenceBusShel
 
     if config.port == 0:
         raise SystemExit("--join-bus needs a fixed --port: the registered endpoint must be reachable")
-    controller = InferenceController(engine, config.resource_id)
+    controller = InferenceController(engine, config.resource_id, startup_weights=config.model_path)
     shell = InferenceBusShell(
         BusConfig.from_env(client_id=f"infer-{config.resource_id}"),
         controller,
@@ -89,6 +93,7 @@ def _join_bus(config: InferenceConfig, engine: NativeEngine) -> InferenceBusShel
         model=config.served_model_name,
         capabilities=config.capabilities,
         heartbeat_s=config.heartbeat_interval_s,
+        on_failure=lambda _reason: os.kill(os.getpid(), signal.SIGTERM),  # uvicorn shuts down, main exits 1
     )
     shell.start()
     return shell

@@ -6,6 +6,11 @@ LoadWeights addressed to its resource id with the controller, and reports `Contr
 `WeightsLoaded` (with the pause it caused). Commands sent while the process was down are not
 replayed: each process start reads `control` from its end, and the scheduler treats the new
 `ResourceRegistered` as a recovered resource.
+
+Heartbeats say "this resource obeys control". So they stop for good once the control consumer thread
+dies (or the engine loop does): the scheduler then sees the resource lost after its heartbeat timeout
+and reassigns its work, instead of waiting on a healthy-looking resource that acknowledges nothing.
+`on_failure` (the process entry point passes one that exits the process) hears why.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from bus.config import BusConfig
@@ -49,6 +54,7 @@ class InferenceBusShell:
         model: str,
         capabilities: Sequence[str] = ("rollout",),
         heartbeat_s: float = 2.0,
+        on_failure: Callable[[str], None] | None = None,
     ) -> None:
         self.bus = bus
         self.controller = controller
@@ -62,6 +68,8 @@ class InferenceBusShell:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._consumer: EventConsumer | None = None
+        self.on_failure = on_failure
+        self.failure: str | None = None  # why the shell stopped obeying control (then no more heartbeats)
 
     # --- start-up ---------------------------------------------------------------------------
 
@@ -76,7 +84,7 @@ class InferenceBusShell:
                 newest = e
         current = self.controller.engine.weight_version
         if newest is not None and newest.version > current:
-            result = self.controller.on_load_weights(newest.uri, newest.version)
+            result = self.controller.on_load_weights(newest.uri, newest.version, newest.sha256)
             log.info("caught up", extra={"resource": self.rid, "version": result.version, "ok": result.ok})
             return int(result.version)
         return int(current)
@@ -120,6 +128,11 @@ class InferenceBusShell:
 
     def _heartbeat_loop(self) -> None:
         while not self._stop.wait(self.heartbeat_s):
+            if not self._engine_alive():
+                self._fail("the engine loop is not running")
+            if self.failure is not None:
+                log.error("heartbeats stopped", extra={"resource": self.rid, "reason": self.failure})
+                return
             try:
                 self.producer.publish(self.heartbeat())
             except Exception:  # a heartbeat must never kill the engine process
@@ -139,9 +152,26 @@ class InferenceBusShell:
             correlation_id=self.rid,
         )
 
+    def _engine_alive(self) -> bool:
+        return bool(getattr(self.controller.engine, "is_alive", True))
+
     def _control_loop(self) -> None:
         assert self._consumer is not None
-        self._consumer.run(self._handle, self._stop, poll_timeout_s=0.2)
+        try:
+            self._consumer.run(self._handle, self._stop, poll_timeout_s=0.2)
+        except BaseException as e:
+            self._fail(f"the control consumer died: {type(e).__name__}: {e}")
+            raise
+        if not self._stop.is_set():
+            self._fail("the control consumer returned")
+
+    def _fail(self, reason: str) -> None:
+        if self.failure is not None:
+            return
+        self.failure = reason
+        log.critical("resource stops obeying control", extra={"resource": self.rid, "reason": reason})
+        if self.on_failure is not None:
+            self.on_failure(reason)
 
     def _handle(self, r: Received) -> None:
         event = r.event
@@ -160,7 +190,7 @@ class InferenceBusShell:
             self.controller.on_resume()
             return [self._ack(event, True, "", (time.perf_counter() - started) * 1000)]
         if isinstance(event, LoadWeights):
-            result = self.controller.on_load_weights(event.uri, event.version)
+            result = self.controller.on_load_weights(event.uri, event.version, event.sha256)
             out: list[Event] = []
             if result.ok:
                 out.append(

@@ -4,6 +4,11 @@
 calls). `RemoteEngineControl` gives the synchronous `EngineControl` surface the controller drives
 (pause / resume / load weights / abort) for an engine that lives in another process, by running the
 async client on a private event-loop thread.
+
+Every request carries `Authorization: Bearer <key>` when a control key is known: the `control_key`
+argument, else `$SFLOW_INFERENCE_KEY` (the variable the service reads too), so callers that share the
+service's environment (the proxy, the tests, RemoteEngineControl) need no change. SGLang launched with
+`--api-key` checks the same header.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from typing import Any, TypeVar
 
 import httpx
 
+from inference_svc.config import control_key_from_env
 from inference_svc.engine import EngineStats, WeightUpdateResult
 from inference_svc.errors import InferenceHTTPError
 from inference_svc.protocol import (
@@ -54,10 +60,19 @@ class InferenceClient:
     """One inference server (native or SGLang) at `base_url`."""
 
     def __init__(
-        self, base_url: str, *, timeout_s: float = 600.0, transport: httpx.AsyncBaseTransport | None = None
+        self,
+        base_url: str,
+        *,
+        timeout_s: float = 600.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+        control_key: str | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
-        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout_s, transport=transport)
+        if control_key is None:
+            from_env = control_key_from_env()
+            control_key = None if from_env is None else from_env.get_secret_value()
+        headers = {"Authorization": f"Bearer {control_key}"} if control_key else None
+        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout_s, transport=transport, headers=headers)
 
     async def __aenter__(self) -> InferenceClient:
         return self
@@ -99,11 +114,19 @@ class InferenceClient:
         return ControlResponse.model_validate(response.json())
 
     async def update_weights_from_disk(
-        self, model_path: Path | str, weight_version: int | None = None, *, abort_all_requests: bool = False
+        self,
+        model_path: Path | str,
+        weight_version: int | None = None,
+        *,
+        abort_all_requests: bool = False,
+        sha256: str | None = None,
     ) -> UpdateWeightsFromDiskResponse:
+        """`sha256` is our extension (the native app checks it); leave it None for SGLang."""
         body: dict[str, Any] = {"model_path": str(model_path), "abort_all_requests": abort_all_requests}
         if weight_version is not None:
             body["weight_version"] = str(weight_version)
+        if sha256 is not None:
+            body["sha256"] = sha256
         response = await self._call("POST", "/update_weights_from_disk", body)
         return UpdateWeightsFromDiskResponse.model_validate(response.json())
 
@@ -165,11 +188,11 @@ def _http_error(response: httpx.Response) -> InferenceHTTPError:
 class RemoteEngineControl:
     """Synchronous `EngineControl` over HTTP (for the controller driving SGLang or a remote engine)."""
 
-    def __init__(self, base_url: str, *, timeout_s: float = 600.0) -> None:
+    def __init__(self, base_url: str, *, timeout_s: float = 600.0, control_key: str | None = None) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="engine-control", daemon=True)
         self._thread.start()
-        self._client = InferenceClient(base_url, timeout_s=timeout_s)
+        self._client = InferenceClient(base_url, timeout_s=timeout_s, control_key=control_key)
         self._last_version: int | None = None
 
     def _run(self, coro: Coroutine[Any, Any, _T]) -> _T:
@@ -183,11 +206,18 @@ class RemoteEngineControl:
         self._run(self._client.resume())
 
     def update_weights_from_disk(
-        self, model_path: Path | str, weight_version: int | None = None, *, abort_all_requests: bool = False
+        self,
+        model_path: Path | str,
+        weight_version: int | None = None,
+        *,
+        abort_all_requests: bool = False,
+        sha256: str | None = None,
     ) -> WeightUpdateResult:
         started = time.perf_counter()
         response = self._run(
-            self._client.update_weights_from_disk(model_path, weight_version, abort_all_requests=abort_all_requests)
+            self._client.update_weights_from_disk(
+                model_path, weight_version, abort_all_requests=abort_all_requests, sha256=sha256
+            )
         )
         elapsed_ms = (time.perf_counter() - started) * 1000
         version = int(response.weight_version) if response.weight_version else (weight_version or -1)

@@ -3,18 +3,45 @@
 Validated at start-up: a bad value raises `pydantic.ValidationError`, whose message names the field
 and the offending input (e.g. ``max_context  Input should be greater than or equal to 2
 [input_value=1]``).
+
+Control plane security (one rule, checked here at start-up):
+- `control_key` set (or `SFLOW_INFERENCE_KEY` in the environment): the control endpoints
+  (/pause_generation, /continue_generation, /abort_request, /update_weights_from_disk, /flush_cache)
+  answer 401 unless the request carries `Authorization: Bearer <key>`; `inference_svc.client` sends
+  the key from the same variable, so the proxy and the tests need no change beyond sharing it.
+- no key: the service binds to loopback only (`host` 127.0.0.0/8, ::1 or localhost); any other
+  host is refused at start-up, so an unauthenticated control plane is never reachable from the network.
+Hot swaps load only from `weights_roots` (the start-up `model_path` and `weights_root`).
 """
 
 from __future__ import annotations
 
+import ipaddress
+import os
 import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 _DEVICE_RE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 DTYPES = ("float32", "bfloat16", "float16")
+CONTROL_KEY_ENV = "SFLOW_INFERENCE_KEY"
+
+
+def control_key_from_env() -> SecretStr | None:
+    """The control key of the environment (shared by the service and its clients), if any."""
+    value = os.environ.get(CONTROL_KEY_ENV, "")
+    return SecretStr(value) if value else None
+
+
+def is_loopback(host: str) -> bool:
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to anything
 
 
 class InferenceConfig(BaseModel):
@@ -92,6 +119,22 @@ class InferenceConfig(BaseModel):
         default=900.0, gt=0, description="How long to wait for SGLang's /health_generate after launch."
     )
     log_level: Literal["debug", "info", "warning", "error"] = Field(default="info", description="Log level.")
+    control_key: SecretStr | None = Field(
+        default_factory=control_key_from_env,
+        description=f"Bearer key the control endpoints require (default: ${CONTROL_KEY_ENV}; prefer the variable, "
+        "a flag shows in the process list). None: the service must bind to loopback.",
+    )
+    weights_root: Path | None = Field(
+        default=None,
+        description="Directory hot swaps (LoadWeights, /update_weights_from_disk) may load checkpoints from, "
+        "besides model_path itself; paths resolving outside (.., symlinks) are refused with 403.",
+    )
+    max_body_bytes: int = Field(
+        default=8 << 20, ge=1024, description="Largest request body accepted (larger: 413)."
+    )
+    max_json_depth: int = Field(
+        default=32, ge=4, le=1000, description="Deepest JSON nesting accepted in a request body (deeper: 400)."
+    )
 
     @field_validator("model_path")
     @classmethod
@@ -115,6 +158,22 @@ class InferenceConfig(BaseModel):
         if not value.strip():
             raise ValueError("host='' : give an interface such as 127.0.0.1")
         return value
+
+    @model_validator(mode="after")
+    def _no_open_control_plane(self) -> InferenceConfig:
+        if self.control_key is None and not is_loopback(self.host):
+            raise ValueError(
+                f"host={self.host!r} is not a loopback address and no control_key is set: the control endpoints "
+                f"(pause, load weights, abort) would be open to the network; set ${CONTROL_KEY_ENV} or bind 127.0.0.1"
+            )
+        if self.control_key is not None and not self.control_key.get_secret_value().strip():
+            raise ValueError("control_key='' : give a non-empty key, or none")
+        return self
+
+    @property
+    def weights_roots(self) -> tuple[Path, ...]:
+        """Where hot swaps may read: the start-up weights and the configured weights root."""
+        return (self.model_path,) if self.weights_root is None else (self.model_path, self.weights_root)
 
     @property
     def base_url(self) -> str:

@@ -3,8 +3,13 @@
 `InferenceController` turns PauseRollout / ResumeRollout / LoadWeights / abort commands into engine
 calls and returns what the acknowledgement events need (timings in ms, request counts). It drives any
 `EngineControl`: the in-process `NativeEngine`, or `client.RemoteEngineControl` for SGLang.
-A failed weight load is reported (ok=False, error=...) rather than raised: the old weights stay live
-and the engine goes on serving.
+A failed weight load is reported (ok=False, error=...) rather than raised, whatever it raised: the old
+weights stay live, and a pause the load made is lifted in every case, so the engine goes on serving.
+
+LoadWeights carries the checkpoint's sha256 (`weights` defines the digest) and the engine checks it
+over the bytes it swaps in. A command without one (the scheduler sends "" only for version 0, the
+weights engines start from) loads only the controller's `startup_weights`, the directory the operator
+configured at start-up; any other unverified load is refused (`require_sha256`, on by default).
 
 `describe_resource` gives the ResourceRegistered facts (device kind, memory, bandwidth, peak FLOP/s):
 declared in the config, looked up for known GPUs, or measured (a matmul and a tensor copy).
@@ -40,7 +45,12 @@ class EngineControl(Protocol):
     def resume(self) -> None: ...
 
     def update_weights_from_disk(
-        self, model_path: Path | str, weight_version: int | None = None, *, abort_all_requests: bool = False
+        self,
+        model_path: Path | str,
+        weight_version: int | None = None,
+        *,
+        abort_all_requests: bool = False,
+        sha256: str | None = None,
     ) -> WeightUpdateResult: ...
 
     def abort_all(self) -> int: ...
@@ -86,9 +96,18 @@ class AbortAck:
 class InferenceController:
     """Plain object the control consumer calls; safe to call from several threads."""
 
-    def __init__(self, engine: EngineControl, resource_id: str) -> None:
+    def __init__(
+        self,
+        engine: EngineControl,
+        resource_id: str,
+        *,
+        startup_weights: Path | None = None,
+        require_sha256: bool = True,
+    ) -> None:
         self.engine = engine
         self.resource_id = resource_id
+        self.startup_weights = startup_weights
+        self.require_sha256 = require_sha256
         self._lock = threading.Lock()
         self._paused_since: float | None = None
         self._pause_mode: str | None = None
@@ -119,30 +138,38 @@ class InferenceController:
         logger.info("resume", extra={"resource": self.resource_id, "paused_ms": paused_ms})
         return ResumeAck(self.resource_id, paused_ms)
 
-    def on_load_weights(self, uri: str, version: int) -> LoadWeightsResult:
+    def on_load_weights(self, uri: str, version: int, sha256: str = "") -> LoadWeightsResult:
         """LoadWeights: pause in place, swap, resume; running requests continue under `version`.
 
         If the resource was already paused (e.g. preempted for training), it stays paused afterwards.
+        Any failure (a bad checkpoint, a wrong digest, or an unexpected error) is returned as ok=False.
         """
         with self._lock:
             was_paused = self._paused_since is not None
             started = time.perf_counter()
-            if not was_paused:
-                self.engine.pause("in_place")
-            load_started = time.perf_counter()
+            load_started = started
+            paused_here = False
             try:
-                result = self.engine.update_weights_from_disk(weights_path_from_uri(uri), version)
-            except InferenceError as e:
-                load_ms = _ms_since(load_started)
+                path = weights_path_from_uri(uri)
+                self._check_verifiable(path, version, sha256)
                 if not was_paused:
-                    self.engine.resume()
-                logger.error("weight load failed", extra={"resource": self.resource_id, "version": version})
+                    self.engine.pause("in_place")
+                    paused_here = True
+                load_started = time.perf_counter()
+                result = self.engine.update_weights_from_disk(path, version, sha256=sha256 or None)
+            except Exception as e:  # reported, never raised: the control loop must survive any load
+                expected = isinstance(e, InferenceError)
+                logger.error("weight load failed", exc_info=None if expected else e,
+                             extra={"resource": self.resource_id, "version": version, "error": str(e)[:300]})
+                error = str(e) if expected else f"weight load failed unexpectedly: {type(e).__name__}: {e}"
                 return LoadWeightsResult(
-                    self.resource_id, self.engine.weight_version, False, str(e), _ms_since(started), load_ms, 0
+                    self.resource_id, self._served_version(), False, error, _ms_since(started),
+                    _ms_since(load_started), 0,
                 )
+            finally:
+                if paused_here:
+                    self._resume_after_load()
             load_ms = _ms_since(load_started)
-            if not was_paused:
-                self.engine.resume()
             if not was_paused:
                 pause_ms = _ms_since(started)
             elif self._pause_mode == "in_place" and self._paused_since is not None:
@@ -156,6 +183,32 @@ class InferenceController:
         return LoadWeightsResult(
             self.resource_id, result.weight_version, True, "", pause_ms, load_ms, result.num_paused_requests
         )
+
+    def _check_verifiable(self, path: Path, version: int, sha256: str) -> None:
+        if sha256 or not self.require_sha256:
+            return
+        startup = self.startup_weights
+        try:
+            is_startup = startup is not None and path.resolve() == startup.resolve()
+        except (OSError, ValueError, RuntimeError):
+            is_startup = False
+        if not is_startup:
+            raise InvalidRequestError(
+                f"LoadWeights(version={version}, uri={str(path)[:200]!r}) carries no sha256: only the start-up "
+                f"weights ({str(startup) if startup else 'none'}) load unverified"
+            )
+
+    def _resume_after_load(self) -> None:
+        try:
+            self.engine.resume()
+        except Exception:  # the engine loop is gone: nothing left to resume, the load result says why
+            logger.exception("resume after a weight load failed", extra={"resource": self.resource_id})
+
+    def _served_version(self) -> int:
+        try:
+            return int(self.engine.weight_version)
+        except Exception:
+            return -1
 
     def on_abort_all(self) -> AbortAck:
         with self._lock:

@@ -14,7 +14,8 @@ Partial rollout (DESIGN.md §4):
 - `update_weights_from_disk` reads and validates the checkpoint off the loop, then swaps it in at a
   boundary; running requests continue from their generated tokens by re-prefilling prompt + generated
   with the new weights, and every later token carries the new version. A bad checkpoint raises
-  `WeightLoadError` and leaves the old weights live.
+  `WeightLoadError` and leaves the old weights live. Only checkpoints inside `weights_roots` load
+  (`weights.resolve_inside`), and a given sha256 is checked over the very bytes that are swapped in.
 - While paused, new requests queue (they are not refused) and start on resume.
 
 Prefix reuse (optional, `prefix_cache_slots` > 0): the KV of finished requests is kept in spare slots;
@@ -47,14 +48,15 @@ import torch
 from inference_svc.config import InferenceConfig
 from inference_svc.errors import EngineClosedError, InferenceError, InvalidRequestError, WeightLoadError
 from inference_svc.model_runner import BatchRunner, SlotKVCache, model_shape
-from inference_svc.sampling import RowSampling, sample_rows
-from inference_svc.weights import apply_state, read_checkpoint
+from inference_svc.sampling import GREEDY_TEMPERATURE_FLOOR, RowSampling, sample_rows
+from inference_svc.weights import apply_state, read_checkpoint, resolve_inside
 
 logger = logging.getLogger(__name__)
 
 PauseMode = Literal["abort", "in_place", "retract"]
 PAUSE_MODES: tuple[str, ...] = ("abort", "in_place", "retract")
 DEFAULT_MAX_NEW_TOKENS = 128
+MAX_WEIGHT_VERSION = 2**63 - 1  # versions travel in Avro longs (Heartbeat, WeightsLoaded)
 ABORT_BEFORE_PREFILL = "Abort before prefill"  # SGLang's message for a request that produced nothing
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _T = TypeVar("_T")
@@ -62,7 +64,8 @@ _T = TypeVar("_T")
 
 @dataclass(frozen=True)
 class SamplingOptions:
-    """Per-request sampling, SGLang semantics: temperature 0 is greedy, top_k -1 is the whole vocabulary."""
+    """Per-request sampling, SGLang semantics: temperature 0 (below `GREEDY_TEMPERATURE_FLOOR`) is greedy,
+    top_k -1 is the whole vocabulary."""
 
     max_new_tokens: int | None = None  # None: min(128, room left in the context)
     temperature: float = 1.0
@@ -189,10 +192,14 @@ class NativeEngine:
         prefix_cache_slots: int = 0,
         num_threads: int | None = None,
         resource_id: str = "rollout-0",
+        weights_roots: tuple[Path, ...] | None = None,
     ) -> None:
+        """`weights_roots`: the directories hot swaps may read from (None: any path, for library use;
+        the service always passes its configured roots, see `from_config`)."""
         if num_threads is not None:
             torch.set_num_threads(num_threads)
         self.model_path = Path(model_path)
+        self.weights_roots = weights_roots
         self.resource_id = resource_id
         self._model: Any = _load_model(self.model_path, device, dtype)
         shape = model_shape(self._model)
@@ -236,6 +243,7 @@ class NativeEngine:
             prefix_cache_slots=config.prefix_cache_slots,
             num_threads=config.num_threads,
             resource_id=config.resource_id,
+            weights_roots=config.weights_roots,
         )
 
     # ----- lifecycle ---------------------------------------------------------------------------
@@ -343,7 +351,9 @@ class NativeEngine:
             rid=rid or uuid.uuid4().hex,
             prompt=list(input_ids),
             sampling=RowSampling(
-                temperature=temperature, top_p=sampling.top_p, top_k=1 if temperature == 0 else sampling.top_k
+                temperature=temperature,
+                top_p=sampling.top_p,
+                top_k=1 if temperature < GREEDY_TEMPERATURE_FLOOR else sampling.top_k,
             ),
             max_new_tokens=max_new,
             stop_ids=frozenset(stop_ids),
@@ -407,11 +417,23 @@ class NativeEngine:
         return self._call(lambda: self._abort_all_now("Aborted by abort_request(abort_all=True)"))
 
     def update_weights_from_disk(
-        self, model_path: Path | str, weight_version: int | None = None, *, abort_all_requests: bool = False
+        self,
+        model_path: Path | str,
+        weight_version: int | None = None,
+        *,
+        abort_all_requests: bool = False,
+        sha256: str | None = None,
     ) -> WeightUpdateResult:
-        """Hot-swaps weights from a safetensors checkpoint (see the module doc for the semantics)."""
+        """Hot-swaps weights from a safetensors checkpoint (see the module doc for the semantics).
+
+        `sha256` (hex), if given, must be the digest of the checkpoint's bytes (`weights.checkpoint_sha256`
+        defines it); otherwise the load fails and the old weights stay live.
+        """
+        if weight_version is not None and not 0 <= weight_version <= MAX_WEIGHT_VERSION:
+            raise InvalidRequestError(f"weight_version={weight_version} must be in [0, 2**63)")
         started = time.perf_counter()
-        state = read_checkpoint(Path(model_path), self._model)
+        path = Path(model_path) if self.weights_roots is None else resolve_inside(model_path, self.weights_roots)
+        state = read_checkpoint(path, self._model, sha256=sha256, roots=self.weights_roots)
         load_ms = (time.perf_counter() - started) * 1000
 
         def run() -> tuple[int, float, int]:

@@ -6,10 +6,16 @@ Each error carries an HTTP status so the app maps every failure to a response in
 
 
 class InferenceError(Exception):
-    """Root of the package."""
+    """Root of the package.
+
+    `expose_message` says whether the message may go back to a caller: the root class also wraps
+    third-party failures (whose text can name files, code or internal state), so a bare
+    `InferenceError` is answered with a generic message and logged; each subclass writes its own text.
+    """
 
     status_code = 500
     error_type = "internal_error"
+    expose_message = False
 
 
 class InvalidRequestError(InferenceError):
@@ -17,6 +23,21 @@ class InvalidRequestError(InferenceError):
 
     status_code = 400
     error_type = "invalid_request_error"
+    expose_message = True
+
+
+class PayloadTooLargeError(InvalidRequestError):
+    """The request body is larger than `max_body_bytes`."""
+
+    status_code = 413
+
+
+class UnauthorizedError(InferenceError):
+    """A control endpoint was called without the control key (see `InferenceConfig.control_key`)."""
+
+    status_code = 401
+    error_type = "authentication_error"
+    expose_message = True
 
 
 class WeightLoadError(InferenceError):
@@ -24,6 +45,14 @@ class WeightLoadError(InferenceError):
 
     status_code = 400
     error_type = "weight_load_error"
+    expose_message = True
+
+
+class WeightsAccessError(WeightLoadError):
+    """A checkpoint path outside the configured weights root(s) (traversal or a symlink escaping it)."""
+
+    status_code = 403
+    error_type = "weights_path_forbidden"
 
 
 class UnsupportedModelError(InferenceError):
@@ -31,6 +60,7 @@ class UnsupportedModelError(InferenceError):
 
     status_code = 400
     error_type = "unsupported_model_error"
+    expose_message = True
 
 
 class EngineClosedError(InferenceError):
@@ -38,6 +68,7 @@ class EngineClosedError(InferenceError):
 
     status_code = 503
     error_type = "service_unavailable"
+    expose_message = True
 
 
 class BackendUnavailableError(InferenceError):
@@ -45,6 +76,7 @@ class BackendUnavailableError(InferenceError):
 
     status_code = 503
     error_type = "service_unavailable"
+    expose_message = True
 
 
 class InferenceHTTPError(InferenceError):
@@ -52,6 +84,7 @@ class InferenceHTTPError(InferenceError):
 
     def __init__(self, status_code: int, error_type: str, message: str) -> None:
         super().__init__(f"HTTP {status_code} {error_type}: {message}")
+        self.expose_message = True
         self.status_code = status_code
         self.error_type = error_type
         self.message = message

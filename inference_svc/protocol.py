@@ -6,7 +6,8 @@ io_struct.py) and its http_server responses, so the same client drives the nativ
 Requests refuse unknown fields (a typo is a 400, not a silently ignored option); responses keep
 unknown fields, since SGLang's carry more than we read.
 
-Our extension: `meta_info.output_token_versions`, the policy version that produced each output token
+Our extensions: `sha256` of /update_weights_from_disk (the checkpoint digest, see `weights`; checked
+before the swap when given), and `meta_info.output_token_versions`, the policy version that produced each output token
 (a request that spans a weight swap has two versions). SGLang does not send it; `GenerateResponse.
 token_versions()` then repeats `meta_info.weight_version` for every token.
 """
@@ -17,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
-from inference_svc.engine import GenerationResult, SamplingOptions
+from inference_svc.engine import MAX_WEIGHT_VERSION, GenerationResult, SamplingOptions
 
 
 class _Request(BaseModel):
@@ -192,6 +193,11 @@ class UpdateWeightsFromDiskRequest(_Request):
     )
     flush_cache: bool = Field(default=True, description="accepted; the engine always drops stale KV")
     keep_pause: bool = Field(default=False, description="stay paused (in_place) after the swap")
+    sha256: str | None = Field(
+        default=None, pattern=r"^[0-9a-fA-F]{64}$",
+        description="our extension: hex SHA-256 of the checkpoint's *.safetensors bytes in name order; "
+        "a mismatch refuses the load",
+    )
     torch_empty_cache: bool = Field(default=False, description="accepted for SGLang compatibility; no-op")
 
     @field_validator("weight_version")
@@ -202,9 +208,9 @@ class UpdateWeightsFromDiskRequest(_Request):
         try:
             number = int(value)
         except ValueError as e:
-            raise ValueError(f"weight_version={value!r} is not an integer policy version") from e
-        if number < 0:
-            raise ValueError(f"weight_version={value!r} must be >= 0")
+            raise ValueError(f"weight_version={str(value)[:40]!r} is not an integer policy version") from e
+        if not 0 <= number <= MAX_WEIGHT_VERSION:
+            raise ValueError(f"weight_version={str(value)[:40]!r} must be in [0, 2**63)")
         return number
 
     def version(self) -> int | None:

@@ -2,7 +2,13 @@
 
 The logprob returned for a token is taken under the distribution it was actually drawn from (after
 temperature scaling and top-k / top-p truncation, renormalised), which is the behaviour policy an
-off-policy RL correction needs. Greedy rows (temperature 0 or top_k 1) draw from a point mass: logprob 0.
+off-policy RL correction needs. Greedy rows (temperature below `GREEDY_TEMPERATURE_FLOOR`, or top_k 1)
+draw from a point mass: logprob 0. The floor exists because dividing logits by a tiny temperature
+(1e-39) overflows float32 to inf and the softmax to NaN; below 1e-5 the distribution is a point mass
+to float32 precision anyway, so greedy is what such a temperature means.
+
+Every logprob returned is a finite float (JSON cannot carry NaN or inf): NaN logits count as
+impossible tokens, and a token whose probability underflows reports the float32 minimum.
 
 Randomness comes in as `uniforms` (one per row, drawn by the engine from each request's own seeded
 generator), so a request's tokens do not depend on which other requests share its batch.
@@ -13,6 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+GREEDY_TEMPERATURE_FLOOR = 1e-5
+_LOGPROB_MIN = torch.finfo(torch.float32).min
 
 
 @dataclass(frozen=True)
@@ -25,7 +34,7 @@ class RowSampling:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
+        return self.temperature < GREEDY_TEMPERATURE_FLOOR or self.top_k == 1
 
     def truncates(self, vocab_size: int) -> bool:
         return self.top_p < 1.0 or 0 < self.top_k < vocab_size
@@ -35,7 +44,7 @@ def sample_rows(
     logits: torch.Tensor, settings: list[RowSampling], uniforms: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw one token per row of `logits` [B, V]; returns (token ids [B] int64, logprobs [B] float32)."""
-    logits = logits.float()
+    logits = torch.nan_to_num(logits.float(), nan=float("-inf"))
     batch, vocab = logits.shape
     tokens = torch.empty(batch, dtype=torch.long)
     logprobs = torch.zeros(batch, dtype=torch.float32)
@@ -54,7 +63,7 @@ def sample_rows(
         idx = torch.tensor(truncated_rows)
         tok, lp = _sample_truncated(logits[idx], [settings[i] for i in truncated_rows], uniforms[idx])
         tokens[idx], logprobs[idx] = tok, lp
-    return tokens, logprobs
+    return tokens, torch.nan_to_num(logprobs, nan=_LOGPROB_MIN, posinf=0.0, neginf=_LOGPROB_MIN)
 
 
 def _inverse_cdf(logp: torch.Tensor, uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -54,6 +54,7 @@ def launch_command(config: InferenceConfig) -> list[str]:
         "--dtype", config.dtype,
         "--random-seed", str(config.seed),
         "--weight-version", str(config.weight_version),
+        *(["--api-key", config.control_key.get_secret_value()] if config.control_key is not None else []),
         *config.sglang_args,
     ]
 
@@ -65,6 +66,11 @@ class SGLangServer:
         self.config = config
         self.log_path = log_path or Path(f"sglang-{config.resource_id}.log")
         self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def _auth(self) -> dict[str, str]:
+        key = self.config.control_key
+        return {} if key is None else {"Authorization": f"Bearer {key.get_secret_value()}"}
 
     @property
     def base_url(self) -> str:
@@ -90,7 +96,7 @@ class SGLangServer:
                     f"sglang exited with code {self._process.returncode}; log tail:\n{self._log_tail()}"
                 )
             try:
-                if httpx.get(f"{self.base_url}/health_generate", timeout=10).status_code == 200:
+                if httpx.get(f"{self.base_url}/health_generate", timeout=10, headers=self._auth).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
@@ -114,7 +120,8 @@ class SGLangServer:
             self._process.wait(timeout_s)
 
     def client(self) -> InferenceClient:
-        return InferenceClient(self.base_url)
+        key = self.config.control_key
+        return InferenceClient(self.base_url, control_key=None if key is None else key.get_secret_value())
 
     def control(self) -> RemoteEngineControl:
         return RemoteEngineControl(self.base_url)

@@ -121,7 +121,7 @@ def test_bad_weight_path_keeps_old_weights_live(client: TestClient, tmp_path: Pa
 
 
 def test_update_weights_pause_and_abort_endpoints(tiny_model_dir: Path, perturbed_model_dir: Path) -> None:
-    config = InferenceConfig(model_path=tiny_model_dir, max_context=256, port=0)
+    config = InferenceConfig(model_path=tiny_model_dir, max_context=256, port=0, weights_root=perturbed_model_dir)
     with TestClient(create_app(config)) as fresh:
         paused = fresh.post("/pause_generation", json={"mode": "in_place"})
         assert paused.status_code == 200 and paused.json()["status"] == "ok"

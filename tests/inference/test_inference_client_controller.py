@@ -18,6 +18,7 @@ from inference_svc.config import InferenceConfig
 from inference_svc.controller import InferenceController, describe_resource, weights_path_from_uri
 from inference_svc.engine import NativeEngine, SamplingOptions
 from inference_svc.errors import InferenceHTTPError, InvalidRequestError
+from inference_svc.weights import checkpoint_sha256
 
 pytestmark = pytest.mark.unit
 
@@ -31,9 +32,10 @@ def free_port() -> int:
 
 
 @pytest.fixture
-def served(tiny_model_dir: Path) -> Iterator[tuple[str, NativeEngine]]:
+def served(tiny_model_dir: Path, perturbed_model_dir: Path) -> Iterator[tuple[str, NativeEngine]]:
     """A real server in a thread; yields its base URL and its engine (for test-side waiting)."""
-    config = InferenceConfig(model_path=tiny_model_dir, max_context=512, port=free_port())
+    config = InferenceConfig(model_path=tiny_model_dir, max_context=512, port=free_port(),
+                             weights_root=perturbed_model_dir)
     app = create_app(config)
     server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
@@ -121,14 +123,17 @@ def test_controller_over_http_loads_weights_and_reports_failures(
         long = [SamplingOptions(max_new_tokens=300, ignore_eos=True, seed=i) for i in range(len(PROMPTS))]
         futures = [engine.submit(p, s) for p, s in zip(PROMPTS, long, strict=True)]
         wait_for_tokens(engine, len(PROMPTS), 3)
-        loaded = controller.on_load_weights(perturbed_model_dir.as_uri(), 5)
-        assert loaded.ok and loaded.version == 5 and loaded.resource_id == "rollout-7"
+        loaded = controller.on_load_weights(perturbed_model_dir.as_uri(), 5, checkpoint_sha256(perturbed_model_dir))
+        assert loaded.ok and loaded.version == 5 and loaded.resource_id == "rollout-7", loaded.error
         assert loaded.pause_ms >= loaded.load_ms > 0 and loaded.num_paused_requests == len(PROMPTS)
         assert all(5 in f.result(timeout=60).output_versions for f in futures)
-        wrong_scheme = controller.on_load_weights("s3://bucket/step-6", 6)
-        missing = controller.on_load_weights((perturbed_model_dir / "missing").as_uri(), 6)
-        for failed in (wrong_scheme, missing):
+        wrong_scheme = controller.on_load_weights("s3://bucket/step-6", 6, "0" * 64)
+        missing = controller.on_load_weights((perturbed_model_dir / "missing").as_uri(), 6, "0" * 64)
+        wrong_digest = controller.on_load_weights(perturbed_model_dir.as_uri(), 6, "0" * 64)
+        unverified = controller.on_load_weights(perturbed_model_dir.as_uri(), 6)
+        for failed in (wrong_scheme, missing, wrong_digest, unverified):
             assert not failed.ok and failed.version == 5 and failed.error
+        assert "sha256" in wrong_digest.error and "carries no sha256" in unverified.error
         assert not engine.paused and control.weight_version == 5
         assert control.stats() == engine.stats()
         assert controller.on_pause("abort").num_requests == 0 and controller.paused
@@ -144,7 +149,7 @@ def test_controller_over_the_in_process_engine(engine: NativeEngine, perturbed_m
     wait_for_tokens(engine, 1, 3)
     held = controller.on_pause("in_place")
     assert held.num_requests == 1 and held.pause_ms >= 0
-    loaded = controller.on_load_weights(str(perturbed_model_dir), 2)  # already paused: stays paused
+    loaded = controller.on_load_weights(str(perturbed_model_dir), 2, checkpoint_sha256(perturbed_model_dir))
     # already paused in place for the sync: stays paused, and the pause so far is the sync's pause
     assert loaded.ok and loaded.pause_ms > 0 and engine.paused
     controller.on_resume()
@@ -156,6 +161,68 @@ def test_controller_over_the_in_process_engine(engine: NativeEngine, perturbed_m
     wait_for_tokens(engine, 1, 2)
     assert controller.on_abort_all().num_aborted == 1
     assert busy.result(timeout=10).finish_reason.type == "abort"  # type: ignore[union-attr]
+
+
+def test_a_load_that_raises_anything_is_reported_and_never_leaves_the_engine_paused(
+    engine: NativeEngine, perturbed_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    controller = InferenceController(engine, "rollout-0")
+
+    def broken_read(*_args: object, **_kwargs: object) -> None:
+        raise MemoryError("no room for the checkpoint")  # not an InferenceError
+
+    monkeypatch.setattr("inference_svc.engine.read_checkpoint", broken_read)
+    failed = controller.on_load_weights(str(perturbed_model_dir), 3, checkpoint_sha256(perturbed_model_dir))
+    assert not failed.ok and "MemoryError" in failed.error and failed.version == 0
+    assert not engine.paused and engine.weight_version == 0
+    assert len(engine.generate([1, 2], SamplingOptions(max_new_tokens=2), timeout_s=30).output_ids) == 2
+
+
+def test_unverified_loads_only_of_the_startup_weights(engine: NativeEngine, tiny_model_dir: Path,
+                                                        perturbed_model_dir: Path) -> None:
+    controller = InferenceController(engine, "rollout-0", startup_weights=tiny_model_dir)
+    refused = controller.on_load_weights(perturbed_model_dir.as_uri(), 1)
+    assert not refused.ok and "carries no sha256" in refused.error and engine.weight_version == 0
+    assert controller.on_load_weights(tiny_model_dir.as_uri(), 0).ok  # the version-0 reload the scheduler sends
+
+
+def test_client_sends_the_control_key_from_the_environment(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SFLOW_INFERENCE_KEY", "sesame")
+    config = InferenceConfig(model_path=tiny_model_dir, max_context=256, port=free_port())
+    assert config.control_key is not None
+    app = create_app(config)
+    server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 20
+        while not server.started:
+            assert time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.01)
+
+        async def scenario() -> None:
+            async with InferenceClient(config.base_url) as client:  # the key comes from the environment
+                assert (await client.pause("in_place")).status == "ok"
+                assert (await client.resume()).status == "ok"
+                assert await client.abort(abort_all=True) == 0
+            async with InferenceClient(config.base_url, control_key="wrong") as stranger:
+                with pytest.raises(InferenceHTTPError) as refused:
+                    await stranger.pause("abort")
+                assert refused.value.status_code == 401
+                assert len((await stranger.generate([1, 2], {"max_new_tokens": 2})).output_ids) == 2  # data plane
+
+        asyncio.run(scenario())
+        control = RemoteEngineControl(config.base_url)
+        try:
+            assert control.pause("in_place") == 0
+            control.resume()
+        finally:
+            control.close()
+    finally:
+        server.should_exit = True
+        thread.join(10)
 
 
 def test_weights_uri_forms(tmp_path: Path) -> None:
