@@ -160,7 +160,8 @@ def service_specs(
         # Declared roofline numbers: the train-capable resource is the compute-rich one, so the
         # spatiotemporal policy places the train tag on it (the trainer is pinned to its cores).
         flops = "2e12" if "train" in r.capabilities else "1e12"
-        args = ["--model-path", str(paths.model), "--port", str(port), "--resource-id", r.id, "--join-bus",
+        args = ["--model-path", str(paths.model), "--weights-root", str(paths.weights), "--port", str(port),
+                "--resource-id", r.id, "--join-bus",
                 "--served-model-name", MODEL_NAME, "--peak-flops", flops, "--hbm-bandwidth", "2e10",
                 "--max-running-requests", str(config.inference.max_running_requests), "--seed", str(config.seed + i),
                 "--heartbeat-interval-s", "2"]

@@ -58,7 +58,7 @@ def engine_a(tiny_model_dir: Path) -> Iterator[tuple[str, Any]]:
     from inference_svc.config import InferenceConfig
 
     config = InferenceConfig(model_path=tiny_model_dir, max_context=1024, port=free_port(), resource_id="rollout-a",
-                             max_running_requests=16)
+                             max_running_requests=16, weights_root=tiny_model_dir.parent)
     app = create_app(config)
     with serve(app, config.port) as url:
         yield url, app.state.engine
