@@ -9,6 +9,7 @@ step — that every trajectory is trained exactly once.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -35,6 +36,7 @@ from schemas.events import (
     BatchReady,
     Event,
     LLMCall,
+    TaskCompleted,
     TrainData,
     TrainStepCompleted,
     TrainStepStarted,
@@ -89,6 +91,12 @@ def group(group_id: str, size: int = 2, version: int = 0) -> tuple[list[Trajecto
     ready = [b for t in members if (b := tracker.add(t)) is not None]
     assert len(ready) == 1
     return members, ready[0]
+
+
+def assignment(aid: str, version: int, payload: dict[str, Any], kind: str = "train",
+               resources: tuple[str, ...] = (RESOURCE,)) -> Assignment:
+    return Assignment(correlation_id=aid, assignment_id=aid, task_kind=kind, resource_ids=resources,
+                      step=version, policy_version=version, payload=json.dumps(payload))
 
 
 def partition_of(key: str) -> int:
@@ -300,11 +308,6 @@ def test_scheduled_steps_follow_assignments_and_train_data(
     for members, ready in (g1, g2, g3):
         bus.publish(*members, ready)
 
-    def assignment(aid: str, version: int, payload: dict[str, Any], kind: str = "train",
-                   resources: tuple[str, ...] = (RESOURCE,)) -> Assignment:
-        return Assignment(correlation_id=aid, assignment_id=aid, task_kind=kind, resource_ids=resources,
-                          step=version, policy_version=version, payload=json.dumps(payload))
-
     service = service_factory(mode="scheduled", **{"group-wait-s": 5}).start()
     # not this trainer's: a rollout assignment, and a train assignment for another resource
     bus.publish(assignment("other-kind", 0, {"group_ids": ["sched-1"]}, kind="rollout"),
@@ -337,6 +340,50 @@ def test_scheduled_steps_follow_assignments_and_train_data(
     assert sorted(completed[3].trajectory_ids) == sorted(ids_of(g4))
     assert [completed[s].new_version for s in (1, 2, 3)] == [1, 2, 3]
     assert "sched-never" in service.log.read_text()
+    assert service.stop() == 0
+
+
+@pytest.mark.kafka
+def test_untrainable_steps_are_reported_as_skipped_and_never_publish_weights(
+    bus: Bus, service_factory: Callable[..., Service]
+) -> None:
+    """A NaN reward, a huge one, and a group whose sessions all ended with no call: each step is skipped
+    with a TrainStepCompleted(status skipped) naming its groups and why, no weights are published, and
+    the next good step still trains version 0 -> 1. A group the scheduler aborted leaves the buffer."""
+    nan_group, huge_group, good = group("nan-0"), group("huge-0"), group("good-0")
+    nan_members = [nan_group[0][0], dataclasses.replace(nan_group[0][1], reward=float("nan"))]
+    huge_members = [dataclasses.replace(huge_group[0][0], reward=1e300), huge_group[0][1]]
+    empty_members, empty_ready = group("empty-0")
+    empty_members = [dataclasses.replace(t, nodes=(), call_ids=(), tokens_in_tree=0, tokens_in_calls=0)
+                     for t in empty_members]
+    abandoned_members, _ = group("abandoned-0")
+    bus.publish(*nan_members, nan_group[1], *huge_members, huge_group[1], *empty_members, empty_ready,
+                abandoned_members[0])
+    service = service_factory(mode="scheduled", **{"group-wait-s": 5}).start()
+    bus.publish(assignment("a-nan", 0, {"group_ids": ["nan-0"]}), assignment("a-huge", 0, {"group_ids": ["huge-0"]}),
+                assignment("a-empty", 0, {"group_ids": ["empty-0"]}))
+
+    def three_skipped() -> dict[str, TrainStepCompleted] | None:
+        found = {e.correlation_id: e for e in bus.outputs()
+                 if isinstance(e, TrainStepCompleted) and e.status == "skipped"}
+        return found if len(found) == 3 else None
+
+    found = wait_until(three_skipped, service, "three skipped steps")
+    assert found["a-nan"].dropped_group_ids == ("nan-0",) and "not finite" in found["a-nan"].reason
+    assert found["a-huge"].dropped_group_ids == ("huge-0",) and "max_abs_reward" in found["a-huge"].reason
+    assert found["a-empty"].dropped_group_ids == ("empty-0",) and "no usable member" in found["a-empty"].reason
+    assert {e.new_version for e in found.values()} == {0} and not bus.weights()
+    dead = [r.event for r in replay(bus.config, ["dlq"]).events]
+    assert not dead, dead  # empty trajectories are members, not poison
+    bus.publish(TaskCompleted(correlation_id="abandoned-0", task_id="task-abandoned-0", group_id="abandoned-0",
+                              num_samples=2, mean_reward=0.0, status="aborted"))
+    bus.publish(*good[0], good[1], assignment("a-good", 0, {"group_ids": ["good-0"]}))
+    weights = wait_until(lambda: bus.weights().get(1), service, "step 1 after the skipped ones")
+    assert weights.step == 1
+    completed = [e for e in bus.outputs() if isinstance(e, TrainStepCompleted) and e.status == "completed"]
+    assert [(e.correlation_id, e.new_version) for e in completed] == [("a-good", 1)]
+    assert sorted(completed[0].trajectory_ids) == sorted(ids_of(good))
+    wait_until(lambda: "group aborted by the scheduler" in service.log.read_text(), service, "the aborted group")
     assert service.stop() == 0
 
 
