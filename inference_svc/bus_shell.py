@@ -159,9 +159,10 @@ class InferenceBusShell:
         assert self._consumer is not None
         try:
             self._consumer.run(self._handle, self._stop, poll_timeout_s=0.2)
-        except BaseException as e:
+        except Exception as e:  # recorded and logged: the thread ends, and so do the heartbeats
+            log.exception("control consumer died", extra={"resource": self.rid})
             self._fail(f"the control consumer died: {type(e).__name__}: {e}")
-            raise
+            return
         if not self._stop.is_set():
             self._fail("the control consumer returned")
 

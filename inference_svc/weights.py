@@ -29,16 +29,20 @@ from inference_svc.errors import WeightLoadError, WeightsAccessError
 
 
 def resolve_inside(requested: Path | str, roots: Sequence[Path]) -> Path:
-    """The real path of `requested`, which must lie inside one of `roots` (after resolving symlinks)."""
+    """The real path of `requested`, which must lie inside one of `roots` (after resolving symlinks).
+
+    Containment is checked before existence, so the answer says nothing about files outside the roots.
+    """
     try:
-        path = Path(requested).resolve(strict=True)
-    except FileNotFoundError as e:
-        raise WeightLoadError(f"model_path={str(requested)!r} does not exist") from e
+        path = Path(requested).resolve()
+        inside = any(path.is_relative_to(root.resolve()) for root in roots)
+        exists = inside and path.exists()
     except (OSError, ValueError, RuntimeError) as e:  # name too long, NUL byte, symlink loop, ...
         raise WeightLoadError(f"model_path={str(requested)[:200]!r} cannot be resolved: {e.__class__.__name__}") from e
-    for root in roots:
-        if path.is_relative_to(root.resolve()):
-            return path
+    if exists:
+        return path
+    if inside:
+        raise WeightLoadError(f"model_path={str(requested)!r} does not exist")
     allowed = ", ".join(repr(str(r)) for r in roots) or "none configured"
     raise WeightsAccessError(
         f"model_path={str(requested)[:200]!r} resolves to {str(path)[:200]!r}, outside the weights roots "

@@ -9,9 +9,11 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from pydantic import ValidationError
 
 from inference_svc.app import create_app
 from inference_svc.config import InferenceConfig
+from inference_svc.weights import checkpoint_sha256
 
 pytestmark = pytest.mark.unit
 
@@ -105,10 +107,10 @@ def test_malformed_json_and_unknown_routes(client: TestClient) -> None:
     generate_ok(client)
 
 
-def test_bad_weight_path_keeps_old_weights_live(client: TestClient, tmp_path: Path) -> None:
+def test_bad_weight_path_keeps_old_weights_live(client: TestClient, tmp_path: Path, tiny_model_dir: Path) -> None:
     before = generate_ok(client)
-    response = client.post(
-        "/update_weights_from_disk", json={"model_path": str(tmp_path / "missing"), "weight_version": "3"}
+    response = client.post(  # inside the weights roots (the start-up model directory), but missing
+        "/update_weights_from_disk", json={"model_path": str(tiny_model_dir / "missing"), "weight_version": "3"}
     )
     assert response.status_code == 400
     body = response.json()
@@ -135,3 +137,181 @@ def test_update_weights_pause_and_abort_endpoints(tiny_model_dir: Path, perturbe
         assert body["meta_info"]["output_token_versions"] == [7] * 4 and body["meta_info"]["weight_version"] == "7"
         assert fresh.post("/abort_request", json={"rid": "nobody"}).json() == {"num_aborted": 0}
         assert fresh.post("/abort_request", json={"abort_all": True}).json() == {"num_aborted": 0}
+
+
+# ----- hardening: every hostile input is a 4xx naming the problem, and the engine keeps serving -----------
+
+
+def post_raw(client: TestClient, body: bytes, path: str = "/generate") -> Any:
+    return client.post(path, content=body, headers={"content-type": "application/json"})
+
+
+def assert_refused(response: Any, status: int, fragment: str) -> None:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["code"] == status and fragment in error["message"], error
+
+
+def test_a_temperature_below_the_floor_is_greedy_with_finite_logprobs(client: TestClient) -> None:
+    tiny = client.post("/generate", json={
+        "input_ids": [1, 2, 3], "sampling_params": {"temperature": 1e-39, "max_new_tokens": 6}, "return_logprob": True,
+    })
+    assert tiny.status_code == 200, tiny.text
+    greedy = client.post("/generate", json={
+        "input_ids": [1, 2, 3], "sampling_params": {"temperature": 0, "max_new_tokens": 6}, "return_logprob": True,
+    }).json()
+    assert tiny.json()["output_ids"] == greedy["output_ids"]
+    assert [entry[0] for entry in tiny.json()["meta_info"]["output_token_logprobs"]] == [0.0] * 6
+
+
+def test_an_oversize_token_id_is_a_400(client: TestClient) -> None:
+    assert_refused(client.post("/generate", json={"input_ids": [2**63]}), 400, "input_ids[0]=9223372036854775808")
+    assert_refused(client.post("/generate", json={"input_ids": [1], "sampling_params": {"max_new_tokens": 2**63}}),
+                   400, "max_new_tokens")
+    generate_ok(client)
+
+
+def test_deep_json_nesting_is_a_400(client: TestClient) -> None:
+    deep = b'{"input_ids": [1], "rid": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    assert_refused(post_raw(client, deep), 400, "nests deeper than max_json_depth=32")
+    generate_ok(client)
+
+
+def test_lone_surrogates_are_a_400_wherever_they_are(client: TestClient) -> None:
+    assert_refused(post_raw(client, b'{"text": "\\ud800"}'), 400, "body.text holds a lone UTF-16 surrogate")
+    assert_refused(post_raw(client, b'{"input_ids": [1], "rid": "a\\udfff"}'), 400, "body.rid")
+    assert_refused(post_raw(client, b'{"input_ids": [1], "\\ud800": 1}'), 400, "a key in body")
+    generate_ok(client)
+
+
+def test_invalid_utf8_is_a_400(client: TestClient) -> None:
+    assert_refused(post_raw(client, b'{"text": "\xff\xfe"}'), 400, "not valid UTF-8 (byte 0xff at offset 10)")
+    generate_ok(client)
+
+
+def test_an_oversize_body_is_a_413(client: TestClient) -> None:
+    assert_refused(post_raw(client, b'{"text": "' + b"a" * (9 << 20) + b'"}'), 413, "max_body_bytes=8388608")
+    generate_ok(client)
+
+
+def test_an_unusable_weights_path_is_a_4xx(client: TestClient, tiny_model_dir: Path) -> None:
+    for path in (f"{tiny_model_dir}/a\x00b", f"{tiny_model_dir}/" + "x" * 5000):
+        response = client.post("/update_weights_from_disk", json={"model_path": path})
+        assert_refused(response, 400, "cannot be resolved")
+        assert response.json()["error"]["type"] == "weight_load_error"
+    outside = client.post("/update_weights_from_disk", json={"model_path": "/tmp/" + "x" * 5000})
+    assert_refused(outside, 403, "outside the weights roots")
+    too_new = client.post("/update_weights_from_disk", json={"model_path": "/tmp", "weight_version": str(2**63)})
+    assert_refused(too_new, 400, "2**63")
+    generate_ok(client)
+
+
+def test_5xx_bodies_carry_an_error_id_not_the_exception(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = client.app.state.engine  # type: ignore[attr-defined]
+
+    def broken_stats() -> None:
+        raise RuntimeError("secret /internal/path at line 42")
+
+    monkeypatch.setattr(engine, "stats", broken_stats)
+    raw = TestClient(client.app, raise_server_exceptions=False)
+    response = raw.get("/engine_stats")
+    assert response.status_code == 500
+    message = response.json()["error"]["message"]
+    assert "secret" not in response.text and "RuntimeError" not in response.text
+    assert message.startswith("internal error (id ")
+    monkeypatch.undo()
+    generate_ok(client)
+
+
+def test_weights_load_only_from_the_weights_root(
+    tiny_model_dir: Path, perturbed_model_dir: Path, tmp_path: Path
+) -> None:
+    root = tmp_path / "weights"
+    (root / "v1").mkdir(parents=True)
+    for file in perturbed_model_dir.iterdir():
+        (root / "v1" / file.name).write_bytes(file.read_bytes())
+    (root / "escape").symlink_to(perturbed_model_dir, target_is_directory=True)
+    (root / "v2").mkdir()
+    (root / "v2" / "model.safetensors").symlink_to(perturbed_model_dir / "model.safetensors")
+    config = InferenceConfig(model_path=tiny_model_dir, max_context=256, port=0, weights_root=root)
+    with TestClient(create_app(config)) as fresh:
+        for refused in (str(perturbed_model_dir), f"{root}/../../{perturbed_model_dir.name}", str(root / "escape"),
+                        str(root / "v2")):
+            response = fresh.post("/update_weights_from_disk", json={"model_path": refused, "weight_version": "1"})
+            assert response.status_code == 403, (refused, response.text)
+            error = response.json()["error"]
+            assert error["type"] == "weights_path_forbidden" and "outside the weights roots" in error["message"]
+            assert str(root) in error["message"]
+        digest = checkpoint_sha256(root / "v1")
+        wrong = fresh.post("/update_weights_from_disk",
+                           json={"model_path": str(root / "v1"), "weight_version": "1", "sha256": "0" * 64})
+        assert wrong.status_code == 400 and "expected '0000" in wrong.json()["error"]["message"]
+        assert fresh.get("/get_weight_version").json() == {"weight_version": "0"}
+        ok = fresh.post("/update_weights_from_disk",
+                        json={"model_path": str(root / "v1"), "weight_version": "1", "sha256": digest})
+        assert ok.status_code == 200 and ok.json()["weight_version"] == "1"
+        back = fresh.post("/update_weights_from_disk", json={"model_path": str(tiny_model_dir), "weight_version": "0"})
+        assert back.status_code == 200  # the start-up weights are always inside
+
+
+def test_the_digest_is_the_one_the_trainer_publishes(perturbed_model_dir: Path) -> None:
+    from trainer_svc.checkpoint import weights_sha256
+
+    assert checkpoint_sha256(perturbed_model_dir) == weights_sha256(perturbed_model_dir)
+
+
+def test_control_endpoints_need_the_key_when_one_is_set(tiny_model_dir: Path) -> None:
+    config = InferenceConfig(model_path=tiny_model_dir, max_context=256, port=0, control_key="k3y")
+    with TestClient(create_app(config)) as keyed:
+        calls = [("post", "/pause_generation", {"mode": "abort"}), ("post", "/continue_generation", {}),
+                 ("post", "/abort_request", {"abort_all": True}), ("post", "/flush_cache", None),
+                 ("get", "/flush_cache", None),
+                 ("post", "/update_weights_from_disk", {"model_path": str(tiny_model_dir)})]
+        for method, path, body in calls:
+            for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": "Basic k3y"}):
+                refused = keyed.request(method, path, json=body, headers=headers)
+                assert refused.status_code == 401, (path, headers, refused.text)
+                assert refused.headers["www-authenticate"] == "Bearer"
+                assert refused.json()["error"]["type"] == "authentication_error"
+        auth = {"Authorization": "Bearer k3y"}
+        assert keyed.post("/pause_generation", json={"mode": "in_place"}, headers=auth).status_code == 200
+        assert keyed.post("/continue_generation", json={}, headers=auth).status_code == 200
+        assert keyed.post("/flush_cache", headers=auth).status_code == 200
+        assert generate_ok(keyed)["meta_info"]["weight_version"] == "0"  # the data plane needs no key
+        assert keyed.get("/health").status_code == 200
+
+
+def test_no_key_means_loopback_only(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SFLOW_INFERENCE_KEY", raising=False)
+    for host in ("0.0.0.0", "10.1.2.3", "example.org", "::"):
+        with pytest.raises(ValidationError, match="not a loopback address and no control_key"):
+            InferenceConfig(model_path=tiny_model_dir, host=host)
+    for host in ("127.0.0.1", "127.5.0.1", "::1", "localhost"):
+        assert InferenceConfig(model_path=tiny_model_dir, host=host).control_key is None
+    assert InferenceConfig(model_path=tiny_model_dir, host="0.0.0.0", control_key="k").control_key is not None
+    monkeypatch.setenv("SFLOW_INFERENCE_KEY", "from-env")
+    keyed = InferenceConfig(model_path=tiny_model_dir, host="0.0.0.0")
+    assert keyed.control_key is not None and keyed.control_key.get_secret_value() == "from-env"
+    assert "from-env" not in repr(keyed)
+
+
+def test_openapi_document_resolves_every_reference(client: TestClient) -> None:
+    spec = client.get("/openapi.json").json()
+    refs: list[str] = []
+    stack: list[Any] = [spec]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            refs.extend(v for k, v in node.items() if k == "$ref")
+            stack.extend(v for k, v in node.items() if k != "$ref")
+        elif isinstance(node, list):
+            stack.extend(node)
+    assert refs
+    for ref in refs:
+        assert ref.startswith("#/"), ref
+        target: Any = spec
+        for part in ref[2:].split("/"):
+            assert isinstance(target, dict) and part in target, f"unresolvable {ref}"
+            target = target[part]
+    operation_ids = [op["operationId"] for ops in spec["paths"].values() for op in ops.values()]
+    assert len(operation_ids) == len(set(operation_ids))

@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inference_svc.sampling import RowSampling, sample_rows
+from inference_svc.sampling import GREEDY_TEMPERATURE_FLOOR, RowSampling, sample_rows
 
 pytestmark = pytest.mark.unit
 
@@ -58,3 +58,25 @@ def test_uniforms_select_by_inverse_cdf() -> None:
     logits = torch.log(torch.tensor([[0.1, 0.2, 0.3, 0.4]]))
     picks = [int(sample_rows(logits, [RowSampling()], torch.tensor([u]))[0]) for u in (0.05, 0.25, 0.55, 0.95)]
     assert picks == [0, 1, 2, 3]
+
+
+def test_temperatures_below_the_floor_are_greedy_and_never_overflow() -> None:
+    logits = torch.randn(4, VOCAB) * 20
+    rows = [RowSampling(temperature=t) for t in (1e-39, 1e-30, GREEDY_TEMPERATURE_FLOOR / 2, 0.0)]
+    assert all(row.greedy for row in rows) and not RowSampling(temperature=GREEDY_TEMPERATURE_FLOOR).greedy
+    tokens, logprobs = sample_rows(logits, rows, torch.rand(4))
+    assert tokens.tolist() == logits.argmax(dim=-1).tolist() and logprobs.tolist() == [0.0] * 4
+
+
+@given(st.floats(min_value=GREEDY_TEMPERATURE_FLOOR, max_value=1e30), st.sampled_from([-1, 1, 3]),
+       st.sampled_from([1e-300, 0.5, 1.0]))
+@settings(max_examples=60, deadline=None)
+def test_logprobs_are_always_finite_even_for_degenerate_logits(temperature: float, top_k: int, top_p: float) -> None:
+    logits = torch.randn(3, VOCAB) * 50
+    logits[1, :5] = float("nan")
+    logits[2, :] = float("-inf")
+    logits[2, 7] = float("inf")
+    rows = [RowSampling(temperature=temperature, top_k=top_k, top_p=top_p)] * 3
+    tokens, logprobs = sample_rows(logits, rows, torch.rand(3))
+    assert bool(torch.isfinite(logprobs).all()) and bool((logprobs <= 0).all())
+    assert ((tokens >= 0) & (tokens < VOCAB)).all()
