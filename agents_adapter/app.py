@@ -16,8 +16,12 @@ Session id: header `X-Session-Id`, else the body's `user`, else a fresh `anon-..
 session); task and group: headers `X-Task-Id` / `X-Group-Id`, else `metadata.task_id` / `group_id`.
 
 Bodies are parsed here (not by FastAPI's signature binding) so the order of checks is the one agents
-expect: key (401), JSON (422), fields (400), model (404), session owner (403). Every failure becomes an
-OpenAI error body {"error": {"message", "type", "param", "code"}} in one function, `error_response`.
+expect: key (401), requests in flight of the agent (429), size (413), UTF-8 / depth / surrogates /
+number ranges (400, `read_json`), JSON (422), fields (400), model (404), session owner (403). Every
+failure becomes an OpenAI error body {"error": {"message", "type", "param", "code"}} in one function,
+`error_response`; a 5xx body never carries an exception's text (the log has it, under the error id).
+The OpenAPI document describes the bodies the handlers parse; their schemas live in
+`components.schemas`, so every `$ref` resolves.
 Streaming answers are sent once the call is recorded (Kafka acknowledged it): the chunks then go out
 at once, so a stream never starts for a call that could still fail.
 """
@@ -30,16 +34,20 @@ import dataclasses
 import hmac
 import json
 import logging
+import math
 import re
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
+from pydantic.json_schema import models_json_schema
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agents_adapter import outputs
@@ -47,11 +55,15 @@ from agents_adapter.config import AdapterConfig, hash_api_key
 from agents_adapter.dispatch import Dispatcher
 from agents_adapter.errors import (
     AuthenticationError,
+    InvalidBodyError,
     InvalidParameterError,
     MalformedRequestError,
+    PayloadTooLargeError,
     ProxyError,
+    RateLimitedError,
 )
 from agents_adapter.openai_models import (
+    BodyLimits,
     ChatCompletionRequest,
     CompletionRequest,
     DrainRequest,
@@ -70,9 +82,14 @@ logger = logging.getLogger(__name__)
 _M = TypeVar("_M", bound=BaseModel)
 _SESSION_ID = re.compile(r"^[\x21-\x7e]{1,256}$")
 _SWEEP_S = 30.0
+_INT64 = 2**63
+_PARSE_INLINE_BYTES = 64 * 1024  # larger bodies are parsed on a worker thread, off the event loop
+_BODIES: tuple[type[BaseModel], ...] = (
+    ChatCompletionRequest, CompletionRequest, TokenGenerateRequest, EndSessionRequest, RewardRequest, DrainRequest,
+)
 
 
-def error_response(exc: BaseException) -> JSONResponse:
+def error_response(exc: BaseException) -> Response:
     """The one mapping from an exception to an HTTP error (OpenAI's error body)."""
     param: str | None = None
     code: str | None = None
@@ -85,10 +102,17 @@ def error_response(exc: BaseException) -> JSONResponse:
         status, error_type, message = exc.status_code, "invalid_request_error", str(exc.detail)
         code = "not_found" if status == 404 else None
     else:
-        logger.error("unhandled error: %r", exc, exc_info=exc)
-        status, error_type, message = 500, "internal_error", f"{type(exc).__name__}: {exc}"
+        ref = uuid.uuid4().hex[:12]
+        logger.error("unhandled error %s: %r", ref, exc, exc_info=exc)
+        status, error_type, message = 500, "internal_error", f"internal error {ref}: the proxy's log has the details"
     body = {"error": {"message": message, "type": error_type, "param": param, "code": code}}
-    return JSONResponse(body, status_code=status)
+    # A conflict is final here (an ended session, an end that differs from the first): openai clients
+    # would otherwise retry a 409 as a lock timeout.
+    headers = {"x-should-retry": "false"} if status == 409 else {}
+    if isinstance(exc, ProxyError):
+        headers |= exc.headers
+    # ensure_ascii: a message quoting the request (a lone surrogate, say) must still encode
+    return Response(json.dumps(body), status_code=status, headers=headers, media_type="application/json")
 
 
 def _describe(errors: Any) -> tuple[str, str | None]:
@@ -100,16 +124,87 @@ def _describe(errors: Any) -> tuple[str, str | None]:
     return "; ".join(parts) or "invalid request", first or None
 
 
-async def parse_body(request: Request, model: type[_M]) -> _M:
-    raw = await request.body()
+async def read_body(request: Request, max_bytes: int) -> bytes:
+    """The body, refused (413) as soon as it is known to be over `max_bytes`; the rest is not read."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > max_bytes:
+        raise PayloadTooLargeError(
+            f"the body has {declared} bytes; this proxy accepts at most max_body_bytes={max_bytes}"
+        )
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_bytes:
+            raise PayloadTooLargeError(f"the body is over max_body_bytes={max_bytes} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _not_json(constant: str) -> Any:
+    raise ValueError(f"{constant} is not a JSON number (RFC 8259)")
+
+
+def read_json(raw: bytes, max_depth: int) -> dict[str, Any]:
+    """A JSON object that every later step can handle: UTF-8, at most `max_depth` deep, no lone
+    surrogates in strings, integers within int64, finite numbers. Raises a 400 / 422 `ProxyError`."""
     try:
-        data = json.loads(raw or b"{}")
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InvalidBodyError(
+            f"the body is not valid UTF-8: byte 0x{raw[e.start]:02x} at offset {e.start} ({e.reason})"
+        ) from e
+    try:
+        data = json.loads(text or "{}", parse_constant=_not_json)
+    except RecursionError as e:
+        raise InvalidBodyError(f"the body is nested deeper than max_json_depth={max_depth}") from e
     except ValueError as e:
         raise MalformedRequestError(f"the body is not valid JSON: {e}") from e
     if not isinstance(data, dict):
         raise InvalidParameterError(f"the body must be a JSON object, got {type(data).__name__}")
+    _check_tree(data, max_depth)
+    return data
+
+
+def _check_tree(root: dict[str, Any], max_depth: int) -> None:
+    """Walks the parsed body without recursion (a deep body must not exhaust the stack here either)."""
+    stack: list[tuple[dict[str, Any] | list[Any], str, int]] = [(root, "body", 1)]
+    while stack:
+        node, where, depth = stack.pop()
+        if depth > max_depth:
+            raise InvalidBodyError(f"the body is nested deeper than max_json_depth={max_depth} (at {where})")
+        for key, value in node.items() if isinstance(node, dict) else enumerate(node):
+            if isinstance(key, str):
+                _check_text(key, f"{where} (a key)")
+            if isinstance(value, dict | list):
+                stack.append((value, f"{where}.{key}", depth + 1))
+            elif isinstance(value, str):
+                _check_text(value, f"{where}.{key}")
+            elif isinstance(value, bool):
+                continue
+            elif isinstance(value, int) and not -_INT64 <= value < _INT64:
+                raise InvalidBodyError(f"{where}.{key}: the integer {value} is outside the 64-bit range",
+                                       param=f"{where}.{key}".removeprefix("body."))
+            elif isinstance(value, float) and not math.isfinite(value):
+                raise InvalidBodyError(f"{where}.{key}: the number is too large (it overflows to {value})",
+                                       param=f"{where}.{key}".removeprefix("body."))
+
+
+def _check_text(text: str, where: str) -> None:
+    if text.isascii():
+        return
     try:
-        return model.model_validate(data)
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InvalidBodyError(
+            f"{where}: lone surrogate {text[e.start]!a} at character {e.start}: strings must be valid Unicode"
+        ) from e
+
+
+def validate_body(raw: bytes, model: type[_M], max_depth: int, limits: BodyLimits) -> _M:
+    """The body as `model`, after `read_json`; config-dependent field limits come in as the context."""
+    data = read_json(raw, max_depth)
+    try:
+        return model.model_validate(data, context=limits)
     except ValidationError as e:
         message, param = _describe(e.errors())
         raise InvalidParameterError(message, param=param) from e
@@ -140,7 +235,8 @@ def create_app(config: AdapterConfig, *, codec: ChatCodec | None = None,
     recorder = Recorder(producer, ack_timeout_s=config.delivery_timeout_ms / 1000 + 1.0)
     dispatcher = Dispatcher(routing, request_timeout_s=config.long_request_timeout_s,
                             max_segments=config.max_segments, max_connections=config.max_engine_connections,
-                            avoid_grace_s=config.avoid_grace_s)
+                            avoid_grace_s=config.avoid_grace_s, max_engine_errors=config.max_engine_errors_per_call,
+                            greedy_below_temperature=config.greedy_below_temperature)
     service = AdapterService(config, codec, routing, dispatcher, recorder)
     feed = RoutingFeed(config.bus, routing) if config.routing_from_events else None
 
@@ -161,13 +257,26 @@ def create_app(config: AdapterConfig, *, codec: ChatCodec | None = None,
                 await asyncio.to_thread(feed.stop)
             await dispatcher.aclose()
             await asyncio.to_thread(recorder.close)
+            service.store.close()
 
     app = FastAPI(title="SeamlessFlow agents adapter", lifespan=lifespan)
     app.state.service = service
     app.state.routing = routing
     app.state.config = config
+    limits = config.body_limits()
+    inflight_by_agent: Counter[str] = Counter()
+    app.state.inflight_by_agent = inflight_by_agent
 
-    async def handle(_: Request, exc: Exception) -> JSONResponse:
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            document = get_openapi(title=app.title, version=app.version, routes=app.routes)
+            document.setdefault("components", {}).setdefault("schemas", {}).update(_body_schemas())
+            app.openapi_schema = document
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+    async def handle(_: Request, exc: Exception) -> Response:
         return error_response(exc)
 
     for exc_type in (ProxyError, RequestValidationError, StarletteHTTPException, Exception):
@@ -178,6 +287,30 @@ def create_app(config: AdapterConfig, *, codec: ChatCodec | None = None,
         if agent is None:
             raise AuthenticationError("Incorrect API key provided")
         return agent
+
+    @contextlib.contextmanager
+    def admitted(agent: str) -> Iterator[None]:
+        """At most max_inflight_per_agent call requests per agent (one agent cannot starve the others)."""
+        limit = config.max_inflight_per_agent
+        if inflight_by_agent[agent] >= limit:
+            raise RateLimitedError(
+                f"agent {agent!r} has {inflight_by_agent[agent]} requests in flight; "
+                f"this proxy serves at most max_inflight_per_agent={limit} at once per agent",
+                retry_after_s=config.retry_after_s,
+            )
+        inflight_by_agent[agent] += 1
+        try:
+            yield
+        finally:
+            inflight_by_agent[agent] -= 1
+            if not inflight_by_agent[agent]:
+                del inflight_by_agent[agent]
+
+    async def parse_body(request: Request, model: type[_M]) -> _M:
+        raw = await read_body(request, config.max_body_bytes)
+        if len(raw) <= _PARSE_INLINE_BYTES:
+            return validate_body(raw, model, config.max_json_depth, limits)
+        return await asyncio.to_thread(validate_body, raw, model, config.max_json_depth, limits)
 
     def require_admin(request: Request) -> None:
         digest = hash_api_key(_bearer(request))
@@ -196,6 +329,7 @@ def create_app(config: AdapterConfig, *, codec: ChatCodec | None = None,
             task_id=request.headers.get("x-task-id") or meta.get("task_id", ""),
             group_id=request.headers.get("x-group-id") or meta.get("group_id", ""),
             metadata=meta,
+            request_key=_idempotency_key(request),
         )
 
     def respond(served: Served, stream: bool, chunks: Callable[[], list[dict[str, Any]]],
@@ -226,8 +360,9 @@ def create_app(config: AdapterConfig, *, codec: ChatCodec | None = None,
               openapi_extra=_schema(ChatCompletionRequest))
     async def chat_completions(request: Request) -> Response:
         agent = agent_of(request)
-        req = await parse_body(request, ChatCompletionRequest)
-        served = await _counted(service, service.chat(context(request, agent, req.user, req.metadata), req))
+        with admitted(agent):
+            req = await parse_body(request, ChatCompletionRequest)
+            served = await _counted(service, service.chat(context(request, agent, req.user, req.metadata), req))
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return respond(
             served, req.stream,
@@ -240,8 +375,9 @@ def create_app(config: AdapterConfig, *, codec: ChatCodec | None = None,
     @app.post("/v1/completions", response_model=None, openapi_extra=_schema(CompletionRequest))
     async def completions(request: Request) -> Response:
         agent = agent_of(request)
-        req = await parse_body(request, CompletionRequest)
-        served = await _counted(service, service.complete(context(request, agent, req.user, req.metadata), req))
+        with admitted(agent):
+            req = await parse_body(request, CompletionRequest)
+            served = await _counted(service, service.complete(context(request, agent, req.user, req.metadata), req))
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return respond(
             served, req.stream,
@@ -254,8 +390,9 @@ def create_app(config: AdapterConfig, *, codec: ChatCodec | None = None,
     @app.post("/v1/generate", response_model=None, openapi_extra=_schema(TokenGenerateRequest))
     async def generate(request: Request) -> Response:
         agent = agent_of(request)
-        req = await parse_body(request, TokenGenerateRequest)
-        served = await _counted(service, service.generate(context(request, agent, req.user, req.metadata), req))
+        with admitted(agent):
+            req = await parse_body(request, TokenGenerateRequest)
+            served = await _counted(service, service.generate(context(request, agent, req.user, req.metadata), req))
         reply = served.replies[0]
         call = reply.call
         meta: dict[str, Any] = {
@@ -322,11 +459,29 @@ async def _counted(service: AdapterService, call: Awaitable[Served]) -> Served:
 
 
 async def _sweep(service: AdapterService) -> None:
+    """Housekeeping from the start on: the first round publishes what a crash left unacknowledged."""
     while True:
+        await service.maintain()
         await asyncio.sleep(_SWEEP_S)
-        service.sessions.sweep()
+
+
+def _idempotency_key(request: Request) -> str:
+    """The client's `Idempotency-Key` (the SDK sends one per call, the same on each retry of it)."""
+    key = request.headers.get("idempotency-key", "")
+    if key and not _SESSION_ID.match(key):
+        raise InvalidParameterError("Idempotency-Key must be 1-256 printable ASCII characters without spaces",
+                                    param="Idempotency-Key")
+    return key
 
 
 def _schema(model: type[BaseModel]) -> dict[str, Any]:
-    """Documents a body that the handler parses itself (so the order of checks stays ours)."""
-    return {"requestBody": {"required": True, "content": {"application/json": {"schema": model.model_json_schema()}}}}
+    """Documents a body that the handler parses itself (so the order of checks stays ours); the schema
+    itself is in components.schemas (`_body_schemas`)."""
+    schema = {"$ref": f"#/components/schemas/{model.__name__}"}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
+
+def _body_schemas() -> dict[str, Any]:
+    """The request bodies and every model they use, named as the `$ref`s of `_schema` and of each other."""
+    _, top = models_json_schema([(m, "validation") for m in _BODIES], ref_template="#/components/schemas/{model}")
+    return dict(top.get("$defs", {}))

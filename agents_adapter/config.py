@@ -10,6 +10,13 @@ environment variable named by `api_keys_env`, one `AGENT_ID KEY` entry per line 
 recommended form: the file then holds no secret) or the key itself (hashed at once on load). The admin
 key comes the same way from `admin_key_sha256`, or `SFLOW_ADAPTER_ADMIN_KEY` (clear, hashed on load) /
 `SFLOW_ADAPTER_ADMIN_KEY_SHA256`. `python -m agents_adapter --hash-key KEY` prints a key's digest.
+
+Limits on what one request may ask (each refusal names the limit and the value): `max_body_bytes`
+(413), `max_json_depth`, `max_messages`, `max_batch_prompts`, `max_abs_reward` (400),
+`max_inflight_per_agent` (429 with `Retry-After: retry_after_s`). Engine protection:
+`greedy_below_temperature` (a tinier temperature is sent as 0 = greedy: dividing logits by it
+overflows) and `max_engine_errors_per_call` (an engine that answers 5xx to a call is not sent it
+again and again).
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from agents_adapter.errors import ConfigError
+from agents_adapter.openai_models import BodyLimits
 from bus.config import BusConfig
 from bus.errors import BusError
 
@@ -143,6 +151,12 @@ class AdapterConfig(BaseModel):
     )
     session_cache_size: int = Field(default=10_000, ge=1, description="Sessions kept in memory (LRU beyond).")
     session_ttl_s: float = Field(default=3600.0, gt=0, description="Idle time after which a session is forgotten.")
+    session_store_path: Path | None = Field(
+        default=None,
+        description="SQLite file of the durable session state (owners, call counts, ends, retried requests' "
+        "answers; see agents_adapter.session_store), so that sessions survive a proxy restart. None: kept in "
+        "memory, surviving cache eviction only.",
+    )
     calls_cached_per_session: int = Field(
         default=16, ge=1, description="Served calls whose exact token ids a session keeps for token-in/token-out."
     )
@@ -164,6 +178,34 @@ class AdapterConfig(BaseModel):
         default=16, ge=1, description="Engine runs one call may be stitched from before it fails with 503."
     )
     max_engine_connections: int = Field(default=512, ge=1, description="HTTP connections per engine.")
+    max_engine_errors_per_call: int = Field(
+        default=2, ge=1,
+        description="HTTP 5xx answers from engines after which a call fails (503) instead of being sent again.",
+    )
+    greedy_below_temperature: float = Field(
+        default=1e-5, ge=0, le=0.1, allow_inf_nan=False,
+        description="A temperature below this is sent to the engine as 0 (greedy), as vLLM does.",
+    )
+    max_body_bytes: int = Field(
+        default=8 * 2**20, ge=1024, description="Largest request body (413 beyond; the rest is not read)."
+    )
+    max_json_depth: int = Field(
+        default=64, ge=4, le=500, description="Deepest nesting of arrays/objects in a body (400 beyond)."
+    )
+    max_messages: int = Field(
+        default=BodyLimits.max_messages, ge=1, description="Most messages in one chat completion request."
+    )
+    max_batch_prompts: int = Field(
+        default=BodyLimits.max_batch_prompts, ge=1, description="Most prompts in one /v1/completions batch."
+    )
+    max_abs_reward: float = Field(
+        default=BodyLimits.max_abs_reward, gt=0, allow_inf_nan=False,
+        description="Rewards must be finite and within +-this (400 otherwise).",
+    )
+    max_inflight_per_agent: int = Field(
+        default=256, ge=1, description="Call requests one agent may have in flight (429 beyond)."
+    )
+    retry_after_s: int = Field(default=1, ge=1, description="Retry-After of a 429 (seconds).")
     delivery_timeout_ms: int = Field(
         default=5000, ge=100, description="How long Kafka may take to acknowledge a call's events before a 503."
     )
@@ -181,6 +223,13 @@ class AdapterConfig(BaseModel):
             raise ValueError(f"model_path={str(value)!r} is not a directory")
         if not any((value / n).is_file() for n in ("tokenizer.json", "tokenizer_config.json")):
             raise ValueError(f"model_path={str(value)!r} has no tokenizer (tokenizer.json / tokenizer_config.json)")
+        return value
+
+    @field_validator("session_store_path")
+    @classmethod
+    def _store_path(cls, value: Path | None) -> Path | None:
+        if value is not None and (value.is_dir() or (value.parent.exists() and not value.parent.is_dir())):
+            raise ValueError(f"session_store_path={str(value)!r} must be a file path in a directory")
         return value
 
     @field_validator("host")
@@ -221,6 +270,9 @@ class AdapterConfig(BaseModel):
     @property
     def model_name(self) -> str:
         return self.served_model_name or self.model_path.name
+
+    def body_limits(self) -> BodyLimits:
+        return BodyLimits(self.max_messages, self.max_batch_prompts, self.max_abs_reward)
 
     @property
     def base_url(self) -> str:

@@ -5,8 +5,14 @@ The call is held open across everything the resources go through (DESIGN.md §4)
   weights; nothing to do here but wait (per-token versions show the swap);
 - preemption (finish_reason abort with a partial output): continue on another usable resource from
   prompt + partial output with the remaining budget (`stitching.StitchedCall`);
-- engine death or refused connection: mark the resource unreachable for a cooldown and continue
-  elsewhere (a dead engine's partial output never reached us, so its run counts 0 tokens);
+- engine death or refused connection (or a 503: the engine says it cannot serve now): mark the
+  resource unreachable for a cooldown and continue elsewhere (a dead engine's partial output never
+  reached us, so its run counts 0 tokens);
+- another 5xx answer (or an answer that breaks the protocol): the engine is up but failed this call.
+  It is not marked unreachable (one bad call must not take an engine away from every agent); the call
+  tries another engine, and fails (503) after `max_engine_errors` such answers instead of coming back
+  to the same engine until its deadline;
+- a 4xx answer: the request is at fault, not the engine: a 400 to the agent at once, no retry, no mark;
 - no usable resource (every one paused, preempted or lost): wait for the routing table to change.
 All of it is bounded by the call's deadline (long_request_timeout_s); past it the call fails with a
 503 and the engine request is aborted, so the agent never gets a truncated answer.
@@ -18,7 +24,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import httpx
 
@@ -53,6 +59,11 @@ class EngineSampling:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
 
+    def greedy_below(self, floor: float) -> EngineSampling:
+        """Temperatures in (0, floor) as 0: logits divided by 1e-39 overflow to inf and the engine's
+        probabilities (and logprobs) become NaN; greedy is what such a temperature means anyway."""
+        return replace(self, temperature=0.0) if 0.0 < self.temperature < floor else self
+
     def params(self, max_new_tokens: int) -> SamplingParams:
         return SamplingParams(
             max_new_tokens=max_new_tokens, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
@@ -60,16 +71,32 @@ class EngineSampling:
         )
 
 
+@dataclass
+class _Attempts:
+    """What one call learned about the engines it ran on."""
+
+    avoid: dict[str, int] = field(default_factory=dict)  # resource id -> epoch when the call left it
+    failed_answers: int = 0
+
+
+def _engine_unavailable(error: InferenceHTTPError) -> bool:
+    """No answer at all (connection refused, dropped, timed out) or the engine's own 503."""
+    return error.error_type == "connection_error" or error.status_code == 503
+
+
 class Dispatcher:
     """Engine clients (one per endpoint, pooled) and the resume loop."""
 
     def __init__(self, routing: RoutingTable, *, request_timeout_s: float, max_segments: int,
-                 max_connections: int, avoid_grace_s: float = 1.0) -> None:
+                 max_connections: int, avoid_grace_s: float = 1.0, max_engine_errors: int = 2,
+                 greedy_below_temperature: float = 0.0) -> None:
         self.routing = routing
         self.request_timeout_s = request_timeout_s
         self.max_segments = max_segments
         self.max_connections = max_connections
         self.avoid_grace_s = avoid_grace_s
+        self.max_engine_errors = max_engine_errors
+        self.greedy_below_temperature = greedy_below_temperature
         self._clients: dict[str, InferenceClient] = {}
         self._changed = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -108,15 +135,16 @@ class Dispatcher:
                   sampling: EngineSampling, deadline: float) -> StitchedCall:
         """The call's output, stitched over as many runs as it took; raises a `ProxyError` otherwise."""
         stitched = StitchedCall(list(prompt_ids), max_new_tokens)
-        avoid: dict[str, int] = {}
+        sampling = sampling.greedy_below(self.greedy_below_temperature)
+        attempts = _Attempts()
         while not stitched.finished:
             if len(stitched.segments) >= self.max_segments:
                 raise EngineFailedError(
                     f"call {call_id} did not finish in {self.max_segments} engine runs (max_segments): "
                     + ", ".join(f"{s.resource_id}:{s.finish_reason}" for s in stitched.segments)
                 )
-            lease = await self._lease(session_id, avoid, deadline)
-            await self._run_once(call_id, stitched, lease, sampling, deadline, avoid)
+            lease = await self._lease(session_id, attempts.avoid, deadline)
+            await self._run_once(call_id, stitched, lease, sampling, deadline, attempts)
         if stitched.resumed:
             self.resumed_calls += 1
             logger.info("call stitched", extra={"call": call_id, "session": session_id,
@@ -124,7 +152,7 @@ class Dispatcher:
         return stitched
 
     async def _run_once(self, call_id: str, stitched: StitchedCall, lease: Lease, sampling: EngineSampling,
-                        deadline: float, avoid: dict[str, int]) -> None:
+                        deadline: float, attempts: _Attempts) -> None:
         rid = f"{call_id}-{len(stitched.segments)}"
         client = self.client(lease.endpoint)
         started = now_ms()
@@ -145,11 +173,12 @@ class Dispatcher:
         except InferenceHTTPError as e:
             if 400 <= e.status_code < 500:
                 raise EngineRejectedError(f"the engine refused the request: {e.message}") from e
-            self.engine_failures += 1
-            stitched.add_failure(lease.resource_id, -1, started, now_ms())
-            self.routing.mark_unreachable(lease.resource_id)
-            logger.warning("engine failed mid-call", extra={"call": call_id, "resource": lease.resource_id,
-                                                            "error": e.message[:200]})
+            self._failed(call_id, stitched, lease, started, attempts, e.status_code, e.message,
+                         unavailable=_engine_unavailable(e))
+            return
+        except ValueError as e:  # a 200 whose body is not a GenerateResponse: the engine broke the protocol
+            self._failed(call_id, stitched, lease, started, attempts, 200, f"unreadable answer: {e}",
+                         unavailable=False)
             return
         finally:
             self.routing.release(lease)
@@ -161,9 +190,28 @@ class Dispatcher:
                         response.finish_type or "", version)
         stitched.add(lease.resource_id, run, started, now_ms())
         if run.finish == "abort":
-            avoid[lease.resource_id] = lease.epoch
+            attempts.avoid[lease.resource_id] = lease.epoch
             logger.info("call preempted", extra={"call": call_id, "resource": lease.resource_id,
                                                  "tokens": len(run.output_ids)})
+
+    def _failed(self, call_id: str, stitched: StitchedCall, lease: Lease, started: int, attempts: _Attempts,
+                status: int, message: str, *, unavailable: bool) -> None:
+        """Records a run that served nothing; raises once the engines answered errors too often."""
+        self.engine_failures += 1
+        stitched.add_failure(lease.resource_id, -1, started, now_ms())
+        logger.warning("engine failed mid-call", extra={"call": call_id, "resource": lease.resource_id,
+                                                        "status": status, "error": message[:200]})
+        if unavailable:
+            self.routing.mark_unreachable(lease.resource_id)
+            return
+        attempts.failed_answers += 1
+        attempts.avoid[lease.resource_id] = lease.epoch
+        if attempts.failed_answers >= self.max_engine_errors:
+            raise EngineFailedError(
+                f"call {call_id}: the engines answered errors {attempts.failed_answers} times "
+                f"(last: HTTP {status} from {lease.resource_id}; max_engine_errors_per_call={self.max_engine_errors}); "
+                "it is not sent again"
+            )
 
     async def _lease(self, session_id: str, avoid: dict[str, int], deadline: float) -> Lease:
         """A usable resource, waiting (bounded by the deadline) while there is none."""

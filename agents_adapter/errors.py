@@ -63,6 +63,11 @@ class ProxyError(AdapterError):
         super().__init__(message)
         self.param = param
 
+    @property
+    def headers(self) -> dict[str, str]:
+        """Extra response headers (e.g. Retry-After)."""
+        return {}
+
 
 class AuthenticationError(ProxyError):
     """No API key, or one that maps to no agent (or not to the admin)."""
@@ -116,6 +121,38 @@ class MalformedRequestError(ProxyError):
     status_code = 422
     error_type = "invalid_request_error"
     code = "malformed_json"
+
+
+class InvalidBodyError(InvalidParameterError):
+    """The body cannot be read safely: not UTF-8, nested deeper than max_json_depth, a lone surrogate,
+    a number out of range. Refused before any model sees it, so no parser, tokenizer or encoder
+    downstream can fail on it (they used to: RecursionError, OverflowError, a reset connection)."""
+
+    code = "invalid_body"
+
+
+class PayloadTooLargeError(ProxyError):
+    """The body is larger than max_body_bytes (it is not read further)."""
+
+    status_code = 413
+    error_type = "invalid_request_error"
+    code = "payload_too_large"
+
+
+class RateLimitedError(ProxyError):
+    """The agent already has max_inflight_per_agent requests in flight; retry after `retry_after_s`."""
+
+    status_code = 429
+    error_type = "rate_limit_error"
+    code = "rate_limit_exceeded"
+
+    def __init__(self, message: str, *, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after_s)}
 
 
 class PromptTooLongError(InvalidParameterError):

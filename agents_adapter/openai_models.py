@@ -4,17 +4,37 @@ Unknown fields are ignored, as OpenAI-compatible servers (vLLM, SGLang) do, so n
 working; fields we know but cannot honour (penalties, logit_bias, a forced tool choice, echo, ...)
 are refused with a 400 that names them (`unsupported`). Ranges follow OpenAI's API reference.
 Vendor extensions accepted like vLLM's: `top_k`, `ignore_eos`.
+
+Size limits that depend on the proxy's config (messages per request, prompts per batch, the reward
+bound) come in as the validation context (`BodyLimits`, from `AdapterConfig.body_limits()`), so the
+400 is pydantic's like every other field error; without a context the defaults below apply.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationInfo, field_validator
 
 from agents_adapter.errors import InvalidParameterError
 from inference_svc.protocol import SamplingParams
+
+
+@dataclass(frozen=True)
+class BodyLimits:
+    """Per-request limits of the proxy (documented on `AdapterConfig`, whose defaults these are)."""
+
+    max_messages: int = 1024
+    max_batch_prompts: int = 64
+    max_abs_reward: float = 1e6
+
+
+def _limits(info: ValidationInfo) -> BodyLimits:
+    context = info.context
+    return context if isinstance(context, BodyLimits) else BodyLimits()
+
 
 Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
 
@@ -134,6 +154,14 @@ class _Sampling(_Body):
 
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
+
+    @field_validator("messages", mode="before")
+    @classmethod
+    def _few_messages(cls, value: Any, info: ValidationInfo) -> Any:
+        limit = _limits(info).max_messages
+        if isinstance(value, list) and len(value) > limit:
+            raise ValueError(f"{len(value)} messages; this proxy accepts at most max_messages={limit}")
+        return value
     max_tokens: StrictInt | None = Field(default=None, ge=1)
     max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
     logprobs: bool | None = None
@@ -163,6 +191,15 @@ class CompletionRequest(_Sampling):
     echo: bool = False
     suffix: str | None = None
     best_of: StrictInt | None = None
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _small_batch(cls, value: Any, info: ValidationInfo) -> Any:
+        limit = _limits(info).max_batch_prompts
+        is_batch = isinstance(value, list) and not all(isinstance(p, int) for p in value)
+        if is_batch and len(value) > limit:
+            raise ValueError(f"{len(value)} prompts in one batch; this proxy accepts at most max_batch_prompts={limit}")
+        return value
 
     def check_supported(self) -> None:
         super().check_supported()
@@ -196,19 +233,25 @@ class TokenGenerateRequest(_Body):
     metadata: dict[str, str] | None = None
 
 
-class EndSessionRequest(_Body):
-    reward: float | None = Field(default=None, description="None: the reward comes later (/reward)")
-    status: Literal["completed", "failed", "aborted"] = "completed"
+class _Rewarded(_Body):
+    """A body carrying a reward: finite and within +-max_abs_reward, since the trainer turns rewards into
+    float32 advantages (1e300 becomes inf, then NaN for the whole group)."""
 
-    @field_validator("reward")
+    @field_validator("reward", check_fields=False)
     @classmethod
-    def _finite(cls, value: float | None) -> float | None:
-        if value is not None and not math.isfinite(value):
-            raise ValueError(f"reward={value} must be a finite number")
+    def _bounded(cls, value: float | None, info: ValidationInfo) -> float | None:
+        bound = _limits(info).max_abs_reward
+        if value is not None and not (math.isfinite(value) and abs(value) <= bound):
+            raise ValueError(f"reward={value!r} must be a finite number within +-max_abs_reward={bound:g}")
         return value
 
 
-class RewardRequest(_Body):
+class EndSessionRequest(_Rewarded):
+    reward: float | None = Field(default=None, description="None: the reward comes later (/reward)")
+    status: Literal["completed", "failed", "aborted"] = "completed"
+
+
+class RewardRequest(_Rewarded):
     reward: float
     status: Literal["completed", "failed", "aborted"] | None = None
 

@@ -84,7 +84,7 @@ class Recorder:
             kinds = ", ".join(sorted({e.event_type for e in events}))
             logger.error("recording failed", extra={"events": kinds, "error": str(e)[:200]})
             raise RecordingError(
-                f"Kafka did not acknowledge the call's record ({kinds}) within {self.ack_timeout_s:.1f}s: {e}; "
+                f"Kafka did not acknowledge the call's record ({kinds}) within {self.ack_timeout_s:.1f}s; "
                 "the call was not served"
             ) from e
         self.recorded += len(events)

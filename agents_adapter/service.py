@@ -228,7 +228,8 @@ class AdapterService:
         tools = [t.model_dump(exclude_none=True) for t in req.tools or ()] if use_tools else None
         async with self._request(ctx):
             state = self._session(ctx)
-            prompt = self.tito.chat_prompt(state, messages, tools)
+            # templating and tokenization on a worker thread: a 10 MB prompt must not stall every other agent
+            prompt = await asyncio.to_thread(self.tito.chat_prompt, state, messages, tools)
             max_new = self._budget(len(prompt.ids), req.max_new(), "max_tokens")
             prompts, replies = await self._serve(
                 ctx, state, [prompt] * req.n, [max_new] * req.n, self._sampling(req), req.n, req.model,
@@ -246,10 +247,10 @@ class AdapterService:
         prompts_in = req.prompts()
         async with self._request(ctx):
             state = self._session(ctx)
-            built = [
+            built = await asyncio.to_thread(lambda: [
                 self.tito.text_prompt(state, p) if isinstance(p, str) else self.tito.token_prompt(state, p)
                 for p in prompts_in
-            ]
+            ])
             budgets = [self._budget(len(b.ids), req.max_tokens, "max_tokens") for b in built]
             is_text = [isinstance(p, str) for p in prompts_in for _ in range(req.n)]
 

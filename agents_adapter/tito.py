@@ -130,8 +130,8 @@ class ChatCodec:
         return str(text)
 
     def encode(self, text: str) -> list[int]:
-        if self._backend is not None:
-            return list(self._backend.encode(text, add_special_tokens=False).ids)
+        if self._backend is not None:  # encode_batch releases the GIL (encode does not): other threads run
+            return list(self._backend.encode_batch([text], add_special_tokens=False)[0].ids)
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
@@ -472,7 +472,7 @@ class TitoBuilder:
     def text_prompt(self, state: SessionState, text: str) -> BuiltPrompt:
         best: CachedCall | None = None
         drift = False
-        for cached in state.text_calls.values():
+        for cached in tuple(state.text_calls.values()):  # a snapshot: this runs off the event loop
             if text.startswith(cached.full_text):
                 if best is None or len(cached.full_text) > len(best.full_text):
                     best = cached
@@ -494,7 +494,7 @@ class TitoBuilder:
         arr = np.asarray(input_ids, dtype=np.int64)
         best: CachedCall | None = None
         drift = False
-        for cached in state.token_calls.values():
+        for cached in tuple(state.token_calls.values()):  # a snapshot: this may run off the event loop
             n = len(cached.ids)
             if len(arr) >= n and np.array_equal(arr[:n], cached.ids):
                 if best is None or n > len(best.ids):
