@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from pydantic import ValidationError
+from pydantic import SecretStr, ValidationError
 
 from inference_svc.app import create_app
 from inference_svc.config import InferenceConfig
@@ -261,7 +261,7 @@ def test_the_digest_is_the_one_the_trainer_publishes(perturbed_model_dir: Path) 
 
 
 def test_control_endpoints_need_the_key_when_one_is_set(tiny_model_dir: Path) -> None:
-    config = InferenceConfig(model_path=tiny_model_dir, max_context=256, port=0, control_key="k3y")
+    config = InferenceConfig(model_path=tiny_model_dir, max_context=256, port=0, control_key=SecretStr("k3y"))
     with TestClient(create_app(config)) as keyed:
         calls = [("post", "/pause_generation", {"mode": "abort"}), ("post", "/continue_generation", {}),
                  ("post", "/abort_request", {"abort_all": True}), ("post", "/flush_cache", None),
@@ -288,7 +288,8 @@ def test_no_key_means_loopback_only(tiny_model_dir: Path, monkeypatch: pytest.Mo
             InferenceConfig(model_path=tiny_model_dir, host=host)
     for host in ("127.0.0.1", "127.5.0.1", "::1", "localhost"):
         assert InferenceConfig(model_path=tiny_model_dir, host=host).control_key is None
-    assert InferenceConfig(model_path=tiny_model_dir, host="0.0.0.0", control_key="k").control_key is not None
+    keyed = InferenceConfig(model_path=tiny_model_dir, host="0.0.0.0", control_key=SecretStr("k"))
+    assert keyed.control_key is not None
     monkeypatch.setenv("SFLOW_INFERENCE_KEY", "from-env")
     keyed = InferenceConfig(model_path=tiny_model_dir, host="0.0.0.0")
     assert keyed.control_key is not None and keyed.control_key.get_secret_value() == "from-env"
