@@ -5,7 +5,8 @@ Every scalar `AdapterConfig` field is a flag (`--session-cache-size 1000`); `--e
 (`RESOURCE_ID=URL` or a bare URL); Kafka comes from `--bootstrap-servers` / `--topic-prefix` or the
 environment (SFLOW_BOOTSTRAP, SFLOW_TOPIC_PREFIX). Keys: `--api-keys-file` and/or $SFLOW_ADAPTER_API_KEYS;
 the admin key from $SFLOW_ADAPTER_ADMIN_KEY(_SHA256). `--hash-key KEY` prints the sha256 entry to put
-in a keys file and exits.
+in a keys file and exits. `--session-store-path FILE` keeps sessions (owners, call counts, ends, retried
+requests' answers) in SQLite so that they survive a restart of the proxy (`agents_adapter.session_store`).
 """
 
 from __future__ import annotations

@@ -349,7 +349,7 @@ class AdapterService:
         """Events stored before a crash, maybe never acknowledged: published again (same ids: one copy)."""
         await self.recorder.record(events)
         state.started_recorded = state.started_recorded or any(isinstance(e, SessionStarted) for e in events)
-        self.store.acked(state, request_key)
+        self.store.acked(state, request_key, self.config.calls_cached_per_session)
         self.events_republished += len(events)
 
     # ----- pieces
@@ -440,7 +440,7 @@ class AdapterService:
             self.store.abandon_calls(state, key)
             raise
         state.started_recorded = True
-        self.store.acked(state, key)
+        self.store.acked(state, key, self.config.calls_cached_per_session)
         self.drift_by_agent[ctx.agent_id] += drifted
         self.calls_by_agent[ctx.agent_id] += len(replies)
         self.calls_served += len(replies)

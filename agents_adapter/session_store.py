@@ -14,7 +14,8 @@ forgets (LRU, TTL, a restart) is kept here, and the cache is only a cache of it:
   publishes them again when it is back (`unacked`; same event ids, so consumers keep one copy). So the
   counters never lag behind the log (a low `num_calls` makes the trajectory processor drop later calls
   as late), and a retried request (same key) gets the calls it already got, never a second copy.
-  Deleted when the session ends.
+  A session keeps its last `calls_cached_per_session` of them; all are deleted when it ends. The
+  store's size is thus about open sessions x calls_cached_per_session x a call's tokens.
 - `closes`: the `/end` and `/reward` requests of a session and their answers: a repeated request gets
   the same answer and publishes nothing; a close interrupted by a crash (no answer yet) is finished
   when the proxy is back.
@@ -158,12 +159,16 @@ class SessionStore:
                  for i, (e, t) in enumerate(zip(events, titos, strict=True))],
             )
 
-    def acked(self, state: SessionState, request_key: str) -> None:
-        """Kafka stored the request's events (`state` as it is after that)."""
+    def acked(self, state: SessionState, request_key: str, keep: int) -> None:
+        """Kafka stored the request's events (`state` as it is after that); of the session's acknowledged
+        events only the last `keep` stay (what its prompt cache holds; a retry comes before later calls)."""
         with self._write() as db:
             _upsert(db, state)
             db.execute("UPDATE calls SET acked = 1 WHERE session_id = ? AND request_key = ?",
                        (state.session_id, request_key))
+            db.execute("DELETE FROM calls WHERE session_id = ? AND acked = 1 AND rowid NOT IN "
+                       "(SELECT rowid FROM calls WHERE session_id = ? ORDER BY rowid DESC LIMIT ?)",
+                       (state.session_id, state.session_id, keep))
 
     def abandon_calls(self, state: SessionState, request_key: str) -> None:
         """Kafka refused the request's events: they were not served (counters rolled back in `state`)."""

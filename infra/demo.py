@@ -191,7 +191,9 @@ def service_specs(
                              cpus=train_cpus or None))
     adapter_port = free_port()
     adapter_args = ["--model-path", str(paths.model), "--port", str(adapter_port),
-                    "--served-model-name", MODEL_NAME]
+                    "--served-model-name", MODEL_NAME,
+                    # sessions (owners, call counts, ends) survive a restart of the proxy
+                    "--session-store-path", str(paths.root / "adapter-sessions.sqlite")]
     for e in endpoints:
         adapter_args += ["--endpoint", e]
     specs.append(ServiceSpec("adapter", "agents_adapter", tuple(adapter_args),

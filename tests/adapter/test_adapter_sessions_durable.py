@@ -67,8 +67,9 @@ def test_store_keeps_sessions_calls_and_closes_across_reopening(tmp_path: Path) 
     assert [type(e) for e in again.unacked()[("s1", "key-1")]] == [ev.SessionStarted, LLMCall]
     assert [c.event for c in again.calls("s1", "key-1")] == [started, call]
     assert [c.tito for c in again.recent_calls("s1", 16)] == [{"kind": "tokens"}]
-    again.acked(loaded, "key-1")
+    again.acked(loaded, "key-1", keep=1)
     assert again.unacked() == {}
+    assert [c.event for c in again.calls("s1", "key-1")] == [call]  # only the last `keep` are kept
     record = again.close_record("s1", "end")
     assert record is not None and record.answer == {"phase": "awaiting_reward"}
     loaded.phase = "ended"
