@@ -23,6 +23,7 @@ import json
 import logging
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
+from concurrent.futures import Future
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -259,9 +260,14 @@ def create_app(config: InferenceConfig, engine: NativeEngine | None = None) -> F
     async def generate(req: GenerateRequest, request: Request) -> Response | dict[str, Any]:
         ids = await prompt_ids(req)
         sampling = req.sampling_params.to_options()
-        if req.stream:
-            return StreamingResponse(stream(req, ids, sampling), media_type="text/event-stream")
         rid = req.rid or uuid.uuid4().hex
+        if req.stream:  # submitted (and so validated) before the 200 starts: a bad request is still a 400
+            loop = asyncio.get_running_loop()
+            updates: asyncio.Queue[GenerationResult] = asyncio.Queue()
+            future = served.submit(
+                ids, sampling, rid=rid, listener=lambda snap: loop.call_soon_threadsafe(updates.put_nowait, snap)
+            )
+            return StreamingResponse(stream(req, rid, future, updates), media_type="text/event-stream")
         pending = asyncio.wrap_future(served.submit(ids, sampling, rid=rid))
         while not pending.done():  # a caller that hung up no longer holds a slot
             await asyncio.wait({pending}, timeout=DISCONNECT_POLL_S)
@@ -270,20 +276,21 @@ def create_app(config: InferenceConfig, engine: NativeEngine | None = None) -> F
                 logger.info("caller disconnected: request aborted", extra={"rid": rid})
         return render(pending.result(), req).model_dump()
 
-    async def stream(req: GenerateRequest, ids: list[int], sampling: SamplingOptions) -> AsyncGenerator[bytes]:
-        loop = asyncio.get_running_loop()
-        updates: asyncio.Queue[GenerationResult] = asyncio.Queue()
-        future = served.submit(
-            ids, sampling, rid=req.rid, listener=lambda snap: loop.call_soon_threadsafe(updates.put_nowait, snap)
-        )
+    async def stream(
+        req: GenerateRequest, rid: str, future: Future[GenerationResult], updates: asyncio.Queue[GenerationResult]
+    ) -> AsyncGenerator[bytes]:
         done = asyncio.wrap_future(future)
-        while not done.done():
-            getter = asyncio.ensure_future(updates.get())
-            await asyncio.wait({getter, done}, return_when=asyncio.FIRST_COMPLETED)
-            if getter.done():
-                yield _sse(render(getter.result(), req).model_dump())
-            else:
-                getter.cancel()
+        try:
+            while not done.done():
+                getter = asyncio.ensure_future(updates.get())
+                await asyncio.wait({getter, done}, return_when=asyncio.FIRST_COMPLETED)
+                if getter.done():
+                    yield _sse(render(getter.result(), req).model_dump())
+                else:
+                    getter.cancel()
+        finally:
+            if not done.done():  # the caller hung up mid-stream: free its slot
+                await asyncio.to_thread(served.abort, rid)
         try:
             yield _sse(render(done.result(), req).model_dump())
         except InferenceError as e:

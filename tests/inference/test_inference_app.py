@@ -70,6 +70,7 @@ def test_text_prompt_stream_and_info_endpoints(client: TestClient) -> None:
 
 BAD_GENERATE_BODIES = [
     pytest.param({"input_ids": [1, 266]}, "input_ids[1]=266", id="token-id-beyond-vocab"),
+    pytest.param({"input_ids": [1, 266], "stream": True}, "input_ids[1]=266", id="streamed-bad-token"),
     pytest.param({"input_ids": []}, "empty", id="empty-input"),
     pytest.param({"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 600}}, "context length", id="context"),
     pytest.param({"input_ids": [1], "sampling_params": {"temperature": -1}}, "temperature", id="negative-temp"),
