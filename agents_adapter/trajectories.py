@@ -74,6 +74,15 @@ The changelog is the state
     the committed offsets then redo, deterministically, exactly the writes the changelog lacks. A
     rebalance inside a running worker keeps its files (its own writes are all on their way to the
     changelog). The deltas of a session that has a close marker are deleted again after a recovery.
+
+Stalled partitions
+    With faust-streaming 0.15.3 on aiokafka 0.14 an input partition can, rarely, stop being
+    delivered to the agent after a restart although it has unread messages (seen in the SIGKILL
+    tests: one partition of `sessions` held at one offset while the others were read to their end,
+    so the sessions whose SessionEnded lay beyond it never closed). A timer therefore watches the
+    input partitions: one with messages past the next offset the agent has not seen, and no
+    progress for `stall_timeout_s`, is sought back to that offset and logged. Re-reading is safe
+    (the core ignores inputs it already has).
 """
 
 from __future__ import annotations
@@ -86,6 +95,7 @@ import os
 import shutil
 import struct
 import sys
+import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -153,6 +163,8 @@ class ProcessorConfig:
     group_size_key: SessionStarted metadata key holding the group size.
     wait_for_calls: keep a session open until SessionEnded.num_calls calls arrived (or the TTL).
     commit_interval_s: Faust's offset commit interval (how much a killed worker re-reads).
+    stall_timeout_s: an input partition with unread messages and no progress for this long is
+        sought back to its next unprocessed offset (module doc: "Stalled partitions").
     session_timeout_s: Kafka consumer session timeout (how long a killed worker holds its
         partitions before the group rebalances them; the broker's minimum is 6 s).
     processing_guarantee: "at_least_once" only (effectively once with consumer dedupe; the module
@@ -171,6 +183,7 @@ class ProcessorConfig:
     group_size_key: str = "n_samples"
     wait_for_calls: bool = True
     commit_interval_s: float = 2.8
+    stall_timeout_s: float = 15.0
     session_timeout_s: float = 30.0
     processing_guarantee: str = "at_least_once"
     log_level: str = "warning"
@@ -184,6 +197,8 @@ class ProcessorConfig:
             raise ConfigError(f"tick_interval_s must be in (0, 3600], got {self.tick_interval_s!r}")
         if not 0 < self.commit_interval_s <= 600:
             raise ConfigError(f"commit_interval_s must be in (0, 600], got {self.commit_interval_s!r}")
+        if not 1 <= self.stall_timeout_s <= 3600:
+            raise ConfigError(f"stall_timeout_s must be in [1, 3600], got {self.stall_timeout_s!r}")
         if not 6 <= self.session_timeout_s <= 300:
             raise ConfigError(f"session_timeout_s must be in [6, 300] (broker limits), got {self.session_timeout_s!r}")
         if self.processing_guarantee not in _GUARANTEES:
@@ -237,6 +252,7 @@ class ProcessorConfig:
         p.add_argument("--no-wait-for-calls", dest="wait_for_calls", action="store_false")
         p.add_argument("--commit-interval-s", type=float, default=d["commit_interval_s"].default)
         p.add_argument("--session-timeout-s", type=float, default=d["session_timeout_s"].default)
+        p.add_argument("--stall-timeout-s", type=float, default=d["stall_timeout_s"].default)
         p.add_argument("--processing-guarantee", default=d["processing_guarantee"].default, choices=_GUARANTEES)
         p.add_argument("--log-level", default=d["log_level"].default, choices=_LEVELS)
         args = p.parse_args(argv)
@@ -381,6 +397,7 @@ class TrajectoryProcessor:
         self._dlq: EventProducer | None = None
         self._partitions: dict[int, _Partition] = {}
         self._groups: dict[int, _Groups] = defaultdict(_Groups)
+        self._progress: dict[tuple[str, int], tuple[int, float]] = {}  # input tp -> next offset, when it moved
         self.tracker = GroupTracker(config.group_size, config.producer)
         self._define()
 
@@ -407,6 +424,7 @@ class TrajectoryProcessor:
         app.agent(self.group_records, name="group-stage")(self._groups_agent)
         app.agent(tasks, name="task-sizes")(self._tasks_agent)
         app.timer(cfg.tick_interval_s)(self._tick)
+        app.timer(max(1.0, cfg.stall_timeout_s / 3))(self._unstall_inputs)
 
     def internal_topics(self) -> list[TopicSpec]:
         """The processor's own topics, co-partitioned with the inputs. The table changelogs are created
@@ -443,6 +461,7 @@ class TrajectoryProcessor:
     async def _sessions_agent(self, stream: Any) -> None:
         async for event in typed_events(stream, self.dlq, self.bus, self.group_id):
             message = stream.current_event.message
+            self._progress[(message.topic, message.partition)] = (message.offset + 1, time.monotonic())
             await self._handle_with_retries(
                 message, partial(self._on_input, message.partition, message.topic, event),
                 partial(self._rebuild_sessions, resync=True))
@@ -673,6 +692,26 @@ class TrajectoryProcessor:
                                 service=self.config.producer, name=TICK_METRIC, value=float(now),
                                 labels={"partition": str(p)})
             await self.ticks.send(value=tick, partition=p)
+
+    # --- stalled partitions ---
+
+    async def _unstall_inputs(self) -> None:
+        """Seeks each stalled input partition back to its next unprocessed offset (module doc)."""
+        consumer, now = self.app.consumer, time.monotonic()
+        inputs = {self.calls_topic_name, self.bus.topic("sessions")}
+        for tp in sorted(tp for tp in consumer.assignment() if tp.topic in inputs):
+            high = consumer.highwater(tp)
+            if high is None:
+                continue
+            committed = consumer._committed_offset.get(tp)  # Faust keeps it after each commit and seek
+            next_offset, moved = self._progress.setdefault(
+                (tp.topic, tp.partition), (committed if committed is not None else 0, now))
+            if high <= next_offset or now - moved < self.config.stall_timeout_s:
+                continue
+            log.warning("input %s[%d] stalled at offset %d (highwater %d) for %.0f s: seeking back to it",
+                        tp.topic, tp.partition, next_offset, high, now - moved, extra=_LOG)
+            await consumer.seek(tp, next_offset)
+            self._progress[(tp.topic, tp.partition)] = (next_offset, now)
 
     # --- output ---
 

@@ -10,6 +10,8 @@ Faust's Kafka client reads through cramjam).
 from __future__ import annotations
 
 import dataclasses
+import os
+import random
 import re
 import shutil
 import threading
@@ -60,7 +62,7 @@ class Worker(ServiceProcess):
     def __init__(self, config: BusConfig, data_dir: Path, log: Path, **options: object) -> None:
         self.config, self.data_dir = config, data_dir
         super().__init__("agents_adapter.trajectories", config, log, {
-            "data-dir": data_dir, "tick-interval-s": 0.3, "session-timeout-s": 6, "commit-interval-s": 0.5,
+            "data-dir": data_dir, "tick-interval-s": 0.3, "session-timeout-s": 6, "commit-interval-s": 0.5, "stall-timeout-s": 5,
             "log-level": "info", **options})
 
     def wait_ready(self, timeout_s: float = 60.0) -> None:
@@ -554,3 +556,55 @@ def test_replay_rebuilds_the_recorded_trajectories_and_reports_tampering(
     assert "MISMATCH" in text and "p2: reward: rebuilt 1.0, recorded 0.5" in text
     assert report.duplicates == 0  # the tampered copy is a difference, not a redelivery
     print("\n" + text)
+
+
+KILL_SEED = int(os.environ.get("SFLOW_KILL_SEED", "0")) or random.SystemRandom().randrange(1, 10**6)
+
+
+@pytest.mark.kafka
+@pytest.mark.parametrize("trial", [0, 1])
+def test_200_sessions_with_a_sigkill_at_a_random_point_lose_nothing(
+    bus_config: BusConfig, worker_factory: Callable[..., Worker], trial: int
+) -> None:
+    """200 interleaved sessions; the worker is SIGKILLed once at a random point of the stream and
+    restarted (with or without its data dir). Every session ends as one trajectory with all its
+    calls, and no call is dead-lettered as late (the fixture checks the worker log for it). The seed
+    is printed; SFLOW_KILL_SEED=N reruns a draw."""
+    rng = random.Random(KILL_SEED * 10 + trial)
+    n = 200
+    sessions = {f"k{i:03d}": session(f"k{i:03d}", f"kg{i // 4}", turns=1 + rng.randrange(5), n_samples=4)
+                for i in range(n)}
+    stream = _interleaved(list(sessions.values()), rounds_apart=rng.randrange(1, 40))
+    kill_at, keep_data = rng.randrange(len(stream) // 10, len(stream)), rng.random() < 0.5
+    print(f"\nseed {KILL_SEED}, trial {trial}: SIGKILL after {kill_at} of {len(stream)} inputs,"
+          f" {'with' if keep_data else 'without'} the data dir")
+    worker = worker_factory().start()
+    worker.wait_ready()
+    with producer(bus_config) as p:
+        for i, e in enumerate(stream):
+            if i == kill_at:
+                p.flush()
+                worker.kill()
+                if not keep_data:
+                    shutil.rmtree(worker.data_dir, ignore_errors=True)
+                worker.start()
+            p.publish(e)
+            if i % 50 == 0:
+                p.flush()
+    by_id = wait_for_trajectories(bus_config, set(sessions), worker, timeout_s=120)
+    assert sorted(by_id) == sorted(sessions)
+    for sid, events in sessions.items():
+        assert by_id[sid].nodes == core_tree(events).nodes(), sid
+        assert by_id[sid].call_ids == tuple(e.call_id for e in events if isinstance(e, LLMCall)), sid
+    letters = [r.event for r in read_events(bus_config, "dlq") if isinstance(r.event, DeadLetter)]
+    assert letters == [], [d.reason for d in letters]
+
+
+def _interleaved(sessions: list[list[Event]], rounds_apart: int) -> list[Event]:
+    """Session i's k-th event goes out in round k + i % rounds_apart: many sessions open at once."""
+    stream: list[Event] = []
+    for k in range(max(map(len, sessions)) + rounds_apart):
+        for i, events in enumerate(sessions):
+            if 0 <= k - i % rounds_apart < len(events):
+                stream.append(events[k - i % rounds_apart])
+    return stream
