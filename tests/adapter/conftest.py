@@ -52,13 +52,14 @@ def codec(tiny_model_dir: Path) -> ChatCodec:
 
 
 @pytest.fixture(scope="module")
-def engine_a(tiny_model_dir: Path) -> Iterator[tuple[str, Any]]:
+def engine_a(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Any]]:
     """The native engine in this process (its NativeEngine object lets tests watch it generate)."""
     from inference_svc.app import create_app
     from inference_svc.config import InferenceConfig
 
     config = InferenceConfig(model_path=tiny_model_dir, max_context=1024, port=free_port(), resource_id="rollout-a",
-                             max_running_requests=16, weights_root=tiny_model_dir.parent)
+                             max_running_requests=16,
+                             weights_root=tmp_path_factory.getbasetemp())  # the session's model dirs
     app = create_app(config)
     with serve(app, config.port) as url:
         yield url, app.state.engine

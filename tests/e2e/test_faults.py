@@ -54,9 +54,7 @@ def config(base: dict[str, Any] = CONFIG, **changes: Any) -> RunConfig:
     return RunConfig.model_validate({**base, "run": {"max_steps": 7, "max_minutes": 12}, **changes})
 
 
-# Not run: the colocated long-call layout (PIPELINE_CONFIG) under these faults stalls intermittently at
-# step 5 (groups left incomplete after the proxy kill); see the end-to-end issue's note.
-@pytest.mark.parametrize("layout", [CONFIG], ids=["spatiotemporal-short"])
+@pytest.mark.parametrize("layout", [CONFIG, PIPELINE_CONFIG], ids=["spatiotemporal-short", "colocated-long"])
 def test_each_service_killed_once_and_restarted(kafka_cluster: KafkaCluster, tmp_path: Path,
                                                 layout: dict[str, Any]) -> None:
     faults = [Fault(1, "trajectories"), Fault(2, "infer-r0"), Fault(3, "scheduler"), Fault(4, "trainer"),
@@ -64,6 +62,17 @@ def test_each_service_killed_once_and_restarted(kafka_cluster: KafkaCluster, tmp
     result = run(config(layout), runs_root=tmp_path, cluster=kafka_cluster, faults=faults)
     assert result.state.steps >= 7
     check_nothing_lost_or_doubled(result.bus, 7)
+
+
+def test_colocated_long_calls_survive_the_processor_killed_twice_and_the_proxy_once(
+        kafka_cluster: KafkaCluster, tmp_path: Path) -> None:
+    """The schedule that stalled the job for good after step 2: the proxy's restart made the agents'
+    calls fail, their sessions ended with no call, and the empty trajectories stalled the step."""
+    faults = [Fault(1, "trajectories"), Fault(1, "trajectories"), Fault(2, "adapter")]
+    result = run(config(PIPELINE_CONFIG, run={"max_steps": 5, "max_minutes": 10}), runs_root=tmp_path,
+                 cluster=kafka_cluster, faults=faults)
+    assert result.state.steps >= 5
+    check_nothing_lost_or_doubled(result.bus, 5)
 
 
 def test_job_goes_on_when_a_broker_of_three_dies(tmp_path: Path) -> None:

@@ -62,8 +62,8 @@ class Worker(ServiceProcess):
     def __init__(self, config: BusConfig, data_dir: Path, log: Path, **options: object) -> None:
         self.config, self.data_dir = config, data_dir
         super().__init__("agents_adapter.trajectories", config, log, {
-            "data-dir": data_dir, "tick-interval-s": 0.3, "session-timeout-s": 6, "commit-interval-s": 0.5, "stall-timeout-s": 5,
-            "log-level": "info", **options})
+            "data-dir": data_dir, "tick-interval-s": 0.3, "session-timeout-s": 6, "commit-interval-s": 0.5,
+            "stall-timeout-s": 5, "log-level": "info", **options})
 
     def wait_ready(self, timeout_s: float = 60.0) -> None:
         """Until this start logged that recovery is over and the streams run."""
@@ -87,10 +87,10 @@ def worker_factory(bus_config: BusConfig, tmp_path: Path) -> Iterator[Callable[.
     yield make
     for w in workers:
         w.stop()
-    for w in workers:  # no input was retried, dead-lettered for an unexpected error or as late, or restored with a gap
-        log = w.log.read_text(errors="replace")
-        assert not re.search(r"failed \(attempt|restored from|stopping the worker|PartitionsMismatch|arrived after session",
-                             log), w.tail()
+    # no input was retried, dead-lettered for an unexpected error or as late, or restored with a gap
+    unwanted = r"failed \(attempt|restored from|stopping the worker|PartitionsMismatch|arrived after session"
+    for w in workers:
+        assert not re.search(unwanted, w.log.read_text(errors="replace")), w.tail()
 
 
 def producer(config: BusConfig) -> EventProducer:
