@@ -1,6 +1,6 @@
 """Runs one LLM call on the rollout resources until it finishes: the proxy's long request.
 
-The call is held open across everything the resources go through (DESIGN.md §4):
+The call is held open across everything the resources go through (docs/architecture.md, "Partial rollout"):
 - weight sync (PauseRollout in_place): the engine keeps the request and continues it with the new
   weights; nothing to do here but wait (per-token versions show the swap);
 - preemption (finish_reason abort with a partial output): continue on another usable resource from

@@ -1,4 +1,4 @@
-"""A session's prefix tree: every LLM call merged at its longest matching prefix (DESIGN.md §4).
+"""A session's prefix tree: every LLM call merged at its longest matching prefix (docs/architecture.md).
 
 The tree is a radix tree of token ids. Each node holds a run of tokens as four numpy arrays (token
 ids int32, loss mask uint8, behaviour logprob float32, policy version int32), never one Python object

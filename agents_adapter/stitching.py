@@ -1,4 +1,4 @@
-"""Stitching one LLM call from several engine runs (partial rollout, DESIGN.md §4).
+"""Stitching one LLM call from several engine runs (partial rollout, docs/architecture.md).
 
 An engine that is preempted answers finish_reason `abort` with what it generated so far; an engine
 that dies answers nothing. Either way the call goes on elsewhere: the next run's prompt is the

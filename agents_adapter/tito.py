@@ -1,6 +1,6 @@
 """Token-in / token-out: prompts built from the exact token ids the engine read and wrote.
 
-DESIGN.md §4 "Bit-level trajectory consistency". Re-tokenizing a conversation's text is not
+docs/architecture.md, "Bit-level trajectory consistency". Re-tokenizing a conversation's text is not
 guaranteed to give back the tokens the model produced (a byte-level reply that is not valid UTF-8
 decodes to U+FFFD; BPE merges differ across boundaries; templates reformat tool calls). So per session
 the proxy keeps, for every served call, the ids `prompt + output` keyed by the conversation that led

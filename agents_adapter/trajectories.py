@@ -1,4 +1,4 @@
-"""The trajectory processor: the Faust shell around `TrajectoryAssembler` (DESIGN.md §1, §4).
+"""The trajectory processor: the Faust shell around `TrajectoryAssembler` (docs/architecture.md).
 
 Run it with `python -m agents_adapter.trajectories [options]` (bus settings from SFLOW_BOOTSTRAP,
 SFLOW_TOPIC_PREFIX, SFLOW_REPLICATION) or `worker(ProcessorConfig(...))`.

@@ -1,4 +1,7 @@
-"""The topic catalog (DESIGN.md §3): names, partitions, keys, retention and the events each carries."""
+"""The topic catalog: names, partitions, keys, retention and the events each carries.
+
+Who reads and writes each topic: docs/architecture.md, "Topics".
+"""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ takes one step: admit waiting requests into free slots, prefill those that need 
 token for every other running sequence in a single batched forward. Control therefore always acts at a
 token boundary, and requests join and leave the batch between steps.
 
-Partial rollout (DESIGN.md §4):
+Partial rollout (docs/architecture.md, "Partial rollout"):
 - `pause("in_place")` stops stepping and keeps every request and its KV cache; `resume()` goes on.
 - `pause("retract")` also drops the KV cache; requests re-prefill prompt + generated on resume.
 - `pause("abort")` finishes every request with finish_reason abort and its partial output (tokens,

@@ -18,7 +18,7 @@ Heartbeat(t, resource_id), ResourceDown(t, resource_id, reason), Tick(t),
 SampleCompleted(t, group_id, sample_index, n_tokens, token_versions), TrainStepCompleted(t, assignment_id, step,
 version), WeightsLoaded(t, resource_id, version).
 
-Decisions (outputs) and the topic each belongs to (DESIGN.md section 3):
+Decisions (outputs) and the topic each belongs to (docs/architecture.md, "Topics"):
     scheduler: TagTransition(resource_id, tag_kind, from_tags, to_tags, cause),
                Assignment(assignment_id, task_kind, resource_ids, cause, step, policy_version, work),
                Preemption(assignment_id, task_kind, resource_ids, cause, by_assignment_id, handed_back)

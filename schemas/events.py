@@ -82,7 +82,7 @@ class Event(_PackedFields):
 
     @property
     def key(self) -> str:
-        """Kafka key: the entity the topic is partitioned by (DESIGN.md §3)."""
+        """Kafka key: the entity the topic is partitioned by (docs/architecture.md, "Topics")."""
         return self.correlation_id
 
     def to_avro(self) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """Prefix-tree packing: a session's tree forwarded as ONE sequence, shared prefixes computed once.
 
-A session's calls are merged into a prefix tree (DESIGN.md §4, longest-prefix merge). Training each
+A session's calls are merged into a prefix tree (docs/architecture.md, "Longest-prefix merge"). Training each
 root-to-leaf branch separately would recompute every shared prefix once per branch; instead the
 tree's nodes are laid out one after another (parents before children) and attention is restricted
 by a *tree mask*: a token attends to itself, to the earlier tokens of its node and to every token of

@@ -1,6 +1,6 @@
-"""Supervised warm-up on chat conversations: the short pre-training DESIGN.md §5 allows for the default
-model, so an RL run starts from a policy that already emits the task's format (tool calls, answers)
-and GRPO has reward variance to learn from.
+"""Supervised warm-up on chat conversations: the short pre-training the default model gets
+(docs/architecture.md, "Default model"), so an RL run starts from a policy that already emits the
+task's format (tool calls, answers) and GRPO has reward variance to learn from.
 
 Only assistant tokens are in the loss: each assistant turn's span is found by rendering the
 conversation up to that turn with and without it through the model's own chat template, the same
