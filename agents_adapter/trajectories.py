@@ -114,6 +114,7 @@ from agents_adapter.trajectory_core import (
 )
 from bus.admin import ensure_topics
 from bus.config import BusConfig
+from bus.consumer import group_start_offsets
 from bus.errors import BusError
 from bus.faust_app import CODEC, create_faust_app, typed_events
 from bus.producer import EventProducer
@@ -551,8 +552,16 @@ class TrajectoryProcessor:
         return part
 
     async def _on_sessions_recovered(self) -> None:
-        """After every rebalance: the assemblers of this worker's partitions, rebuilt from the table."""
+        """After every rebalance: the assemblers of this worker's partitions, rebuilt from the table, and
+        each input partition sought to where the group resumes it (`bus.consumer.group_start_offsets`)."""
         self._rebuild_sessions(resync=False)
+        consumer, inputs = self.app.consumer, {self.calls_topic_name, self.bus.topic("sessions")}
+        tps = {(tp.topic, tp.partition): tp for tp in consumer.assignment() if tp.topic in inputs}
+        starts = await asyncio.to_thread(group_start_offsets, self.bus, self.group_id, sorted(tps))
+        now = time.monotonic()
+        for key, offset in starts.items():
+            await consumer.seek(tps[key], offset)
+            self._progress[key] = (offset, now)
 
     def _rebuild_sessions(self, resync: bool) -> None:
         deltas: dict[tuple[int, str], list[tuple[int, bytes]]] = defaultdict(list)
@@ -699,13 +708,19 @@ class TrajectoryProcessor:
         """Seeks each stalled input partition back to its next unprocessed offset (module doc)."""
         consumer, now = self.app.consumer, time.monotonic()
         inputs = {self.calls_topic_name, self.bus.topic("sessions")}
-        for tp in sorted(tp for tp in consumer.assignment() if tp.topic in inputs):
-            high = consumer.highwater(tp)
+        tps = sorted(tp for tp in consumer.assignment() if tp.topic in inputs)
+        if not tps:
+            return
+        try:  # from the broker: a partition the fetcher stopped fetching has no local highwater
+            ends = await consumer.highwaters(*tps)
+        except Exception as e:
+            log.warning("cannot read the input highwaters: %s", e, extra=_LOG)
+            return
+        for tp in tps:
+            high = ends.get(tp)
             if high is None:
                 continue
-            committed = consumer._committed_offset.get(tp)  # Faust keeps it after each commit and seek
-            next_offset, moved = self._progress.setdefault(
-                (tp.topic, tp.partition), (committed if committed is not None else 0, now))
+            next_offset, moved = self._progress.setdefault((tp.topic, tp.partition), (0, now))
             if high <= next_offset or now - moved < self.config.stall_timeout_s:
                 continue
             log.warning("input %s[%d] stalled at offset %d (highwater %d) for %.0f s: seeking back to it",

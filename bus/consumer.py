@@ -56,6 +56,29 @@ def consumer_settings(config: BusConfig, group_id: str, **overrides: Any) -> dic
     }
 
 
+def group_start_offsets(config: BusConfig, group_id: str, partitions: Iterable[tuple[str, int]],
+                        timeout_s: float = 10.0) -> dict[tuple[str, int], int]:
+    """Where a consumer group resumes each (full topic name, partition): its committed offset, or the
+    partition's earliest offset where it has none. Read without joining the group.
+
+    A Faust worker needs it: faust-streaming 0.15.3 on aiokafka 0.14 seeks only partitions with a
+    committed offset > 0, and a partition with messages but no commit was read from about its end,
+    skipping what was produced before the worker started (the trajectory processor's SIGKILL tests).
+    """
+    consumer = Consumer(consumer_settings(config, group_id))
+    try:
+        tps = [TopicPartition(topic, p) for topic, p in partitions]
+        out: dict[tuple[str, int], int] = {}
+        for tp in consumer.committed(tps, timeout=timeout_s) if tps else []:
+            start = tp.offset if tp.offset >= 0 else consumer.get_watermark_offsets(tp, timeout=timeout_s)[0]
+            out[(tp.topic, tp.partition)] = start
+        return out
+    except KafkaException as e:
+        raise ConsumeError(f"cannot read the start offsets of group {group_id}: {e}") from e
+    finally:
+        consumer.close()
+
+
 def fetch_ready(consumer: Consumer, max_messages: int, timeout_s: float) -> list[Message]:
     """Waits up to `timeout_s` for one message, then takes whatever else is ready without waiting
     (librdkafka's `consume(n, timeout)` alone would wait the whole timeout for n messages)."""
