@@ -75,14 +75,19 @@ The changelog is the state
     rebalance inside a running worker keeps its files (its own writes are all on their way to the
     changelog). The deltas of a session that has a close marker are deleted again after a recovery.
 
+Where each partition starts
+    faust-streaming 0.15.3 on aiokafka 0.14 seeks only the partitions that have a committed offset
+    above 0; one with messages but no commit was read from about its end, skipping what was
+    produced before the worker's fetcher started (the lost sessions of the SIGKILL tests: their
+    calls were never read, so they waited for `num_calls` forever, and the skipped offsets left an
+    ack gap that kept the partition from ever being committed). After every recovery the worker
+    therefore seeks each partition of `llm.calls`, `sessions`, `<app>-groups` and `tasks` to where
+    the group resumes it (`bus.consumer.group_start_offsets`: committed, else earliest).
+
 Stalled partitions
-    With faust-streaming 0.15.3 on aiokafka 0.14 an input partition can, rarely, stop being
-    delivered to the agent after a restart although it has unread messages (seen in the SIGKILL
-    tests: one partition of `sessions` held at one offset while the others were read to their end,
-    so the sessions whose SessionEnded lay beyond it never closed). A timer therefore watches the
-    input partitions: one with messages past the next offset the agent has not seen, and no
-    progress for `stall_timeout_s`, is sought back to that offset and logged. Re-reading is safe
-    (the core ignores inputs it already has).
+    A guard: a timer watches the same partitions, and one with messages (highwater read from the
+    broker) past the next offset its agent has not seen, and no progress for `stall_timeout_s`, is
+    sought back to that offset and logged. Re-reading is safe: the core ignores inputs it has.
 """
 
 from __future__ import annotations
@@ -427,6 +432,13 @@ class TrajectoryProcessor:
         app.timer(cfg.tick_interval_s)(self._tick)
         app.timer(max(1.0, cfg.stall_timeout_s / 3))(self._unstall_inputs)
 
+    @property
+    def _sought_topics(self) -> set[str]:
+        """The topics whose partitions are sought after a recovery and watched for stalls (not the ticks)."""
+        cfg = self.config
+        return {self.calls_topic_name, self.bus.topic("sessions"), self.bus.topic(cfg.groups_topic),
+                self.bus.topic("tasks")}
+
     def internal_topics(self) -> list[TopicSpec]:
         """The processor's own topics, co-partitioned with the inputs. The table changelogs are created
         here too, not lazily by Faust: a changelog missing from the consumer's first metadata makes
@@ -462,7 +474,7 @@ class TrajectoryProcessor:
     async def _sessions_agent(self, stream: Any) -> None:
         async for event in typed_events(stream, self.dlq, self.bus, self.group_id):
             message = stream.current_event.message
-            self._progress[(message.topic, message.partition)] = (message.offset + 1, time.monotonic())
+            self._seen(message)
             await self._handle_with_retries(
                 message, partial(self._on_input, message.partition, message.topic, event),
                 partial(self._rebuild_sessions, resync=True))
@@ -555,7 +567,7 @@ class TrajectoryProcessor:
         """After every rebalance: the assemblers of this worker's partitions, rebuilt from the table, and
         each input partition sought to where the group resumes it (`bus.consumer.group_start_offsets`)."""
         self._rebuild_sessions(resync=False)
-        consumer, inputs = self.app.consumer, {self.calls_topic_name, self.bus.topic("sessions")}
+        consumer, inputs = self.app.consumer, self._sought_topics
         tps = {(tp.topic, tp.partition): tp for tp in consumer.assignment() if tp.topic in inputs}
         starts = await asyncio.to_thread(group_start_offsets, self.bus, self.group_id, sorted(tps))
         now = time.monotonic()
@@ -611,12 +623,14 @@ class TrajectoryProcessor:
 
     async def _tasks_agent(self, stream: Any) -> None:
         async for event in typed_events(stream, self.dlq, self.bus, self.group_id):
+            self._seen(stream.current_event.message)
             if isinstance(event, TaskDispatched) and event.group_id and event.n_samples > 0:
                 await self._send_group_record(GroupRecord("size", event.group_id, event.task_id, event.n_samples))
 
     async def _groups_agent(self, stream: Any) -> None:
         async for fevent in stream.events():
             message = fevent.message
+            self._seen(message)
             try:
                 record = GroupRecord.from_bytes(fevent.value)
             except AdapterError as e:
@@ -704,10 +718,13 @@ class TrajectoryProcessor:
 
     # --- stalled partitions ---
 
+    def _seen(self, message: Any) -> None:
+        self._progress[(message.topic, message.partition)] = (message.offset + 1, time.monotonic())
+
     async def _unstall_inputs(self) -> None:
         """Seeks each stalled input partition back to its next unprocessed offset (module doc)."""
         consumer, now = self.app.consumer, time.monotonic()
-        inputs = {self.calls_topic_name, self.bus.topic("sessions")}
+        inputs = self._sought_topics
         tps = sorted(tp for tp in consumer.assignment() if tp.topic in inputs)
         if not tps:
             return
