@@ -82,7 +82,9 @@ Where each partition starts
     calls were never read, so they waited for `num_calls` forever, and the skipped offsets left an
     ack gap that kept the partition from ever being committed). After every recovery the worker
     therefore seeks each partition of `llm.calls`, `sessions`, `<app>-groups` and `tasks` to where
-    the group resumes it (`bus.consumer.group_start_offsets`: committed, else earliest).
+    the group resumes it (`bus.consumer.group_start_offsets`: committed, else earliest). And Faust
+    fills a jump in a partition's offsets as if acknowledged (for compacted topics), which would let a
+    commit pass inputs never processed: the processor replaces that with a seek back (`_refuse_gap`).
 
 Stalled partitions
     A guard: a timer watches the same partitions, and one with messages (highwater read from the
@@ -400,6 +402,7 @@ class TrajectoryProcessor:
         )
         self.group_id = self.app.conf.id
         self._drop_local_tables()
+        self.app.consumer._add_gap = self._refuse_gap  # module doc: "Where each partition starts"
         self._dlq: EventProducer | None = None
         self._partitions: dict[int, _Partition] = {}
         self._groups: dict[int, _Groups] = defaultdict(_Groups)
@@ -717,6 +720,15 @@ class TrajectoryProcessor:
             await self.ticks.send(value=tick, partition=p)
 
     # --- stalled partitions ---
+
+    async def _refuse_gap(self, tp: Any, offset_from: int, offset_to: int) -> None:
+        """Faust counts a jump in a partition's offsets as acknowledged, so its next commit would pass
+        inputs never processed. Our topics have no gaps (not compacted, no transaction markers): a jump
+        means the fetcher skipped messages, so it is logged and left unacknowledged, and the partition
+        is sought back to the first skipped offset."""
+        log.warning("%s[%d]: offsets %d-%d skipped by the fetcher; seeking back to %d", tp.topic, tp.partition,
+                    offset_from, offset_to - 1, offset_from, extra=_LOG)
+        await self.app.consumer.seek(tp, offset_from)
 
     def _seen(self, message: Any) -> None:
         self._progress[(message.topic, message.partition)] = (message.offset + 1, time.monotonic())
