@@ -19,6 +19,7 @@ import shutil
 import signal
 import socket
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -289,6 +290,7 @@ def follow(config: RunConfig, monitor: RunMonitor, launcher: Launcher, cluster: 
     """Progress bars until the run has done its steps (or its time is up)."""
     deadline = time.monotonic() + config.run.max_minutes * 60
     pending = sorted(faults, key=lambda f: f.at_step)
+    restarts: Counter[str] = Counter()
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[info]}"),
                   TimeElapsedColumn(), console=console) as progress:
         steps = progress.add_task("train steps", total=config.run.max_steps, info="")
@@ -299,14 +301,23 @@ def follow(config: RunConfig, monitor: RunMonitor, launcher: Launcher, cluster: 
                             info=f"policy v{s.version}  reward {s.last_reward:.2f}")
             progress.update(rollout, info=f"{s.tokens_per_s:,.0f} tok/s  calls {s.calls}  sessions {s.trajectories}"
                                           f"  ready groups {s.ready_groups}")
-            dead = [n for n in launcher.specs if n not in launcher.running()]
-            if dead:
-                raise InfraError(f"service(s) exited: {dead}; see {launcher.logs}")
+            restart_exited(launcher, restarts, config.run.max_restarts)
             while pending and s.steps >= pending[0].at_step:
                 inject(pending.pop(0), launcher, cluster)
             if s.steps >= config.run.max_steps:
                 break
             time.sleep(1.0)
+
+
+def restart_exited(launcher: Launcher, restarts: Counter[str], max_restarts: int) -> None:
+    """Supervision: a service that exited (a fatal Kafka client error, a crash) is started again, as an
+    orchestrator would; every service recovers its state on a restart (the fault tests kill each one)."""
+    for name in [n for n in launcher.specs if n not in launcher.running()]:
+        if restarts[name] >= max_restarts:
+            raise InfraError(f"service {name} exited {restarts[name] + 1} times; see {launcher.logs}/{name}.log")
+        restarts[name] += 1
+        log.warning("service exited: restarting it", extra={"target": name, "restarts": restarts[name]})
+        launcher.restart(name)
 
 
 def summarise(config: RunConfig, paths: RunPaths, monitor: RunMonitor) -> None:
