@@ -406,6 +406,7 @@ class TrajectoryProcessor:
         self._dlq: EventProducer | None = None
         self._partitions: dict[int, _Partition] = {}
         self._groups: dict[int, _Groups] = defaultdict(_Groups)
+        self._seek_tasks: set[asyncio.Task[None]] = set()
         self._progress: dict[tuple[str, int], tuple[int, float]] = {}  # input tp -> next offset, when it moved
         self.tracker = GroupTracker(config.group_size, config.producer)
         self._define()
@@ -724,11 +725,23 @@ class TrajectoryProcessor:
     async def _refuse_gap(self, tp: Any, offset_from: int, offset_to: int) -> None:
         """Faust counts a jump in a partition's offsets as acknowledged, so its next commit would pass
         inputs never processed. Our topics have no gaps (not compacted, no transaction markers): a jump
-        means the fetcher skipped messages, so it is logged and left unacknowledged, and the partition
-        is sought back to the first skipped offset."""
+        means the fetcher skipped messages, so they stay unacknowledged and the partition is sought back
+        to the first one once the message after the jump has been read (Faust drops re-fetched offsets
+        below the last one it read, so an earlier seek would be undone)."""
         log.warning("%s[%d]: offsets %d-%d skipped by the fetcher; seeking back to %d", tp.topic, tp.partition,
                     offset_from, offset_to - 1, offset_from, extra=_LOG)
-        await self.app.consumer.seek(tp, offset_from)
+        task = asyncio.get_running_loop().create_task(self._seek_back(tp, offset_from, offset_to))
+        self._seek_tasks.add(task)
+        task.add_done_callback(self._seek_tasks.discard)
+
+    async def _seek_back(self, tp: Any, offset: int, after: int) -> None:
+        consumer = self.app.consumer
+        for _ in range(1000):  # bounded: the message after the jump is read within milliseconds
+            read = consumer._read_offset.get(tp)
+            if read is not None and read >= after:
+                break
+            await asyncio.sleep(0.01)
+        await consumer.seek(tp, offset)
 
     def _seen(self, message: Any) -> None:
         self._progress[(message.topic, message.partition)] = (message.offset + 1, time.monotonic())
