@@ -156,9 +156,12 @@ class AlgorithmConfig:
     """GRPO: a group with fewer usable members (tokens to train on, status not skipped) is dropped and
     reported: a lone member is its own baseline, its advantage is 0. Members without tokens (failed
     sessions, empty trajectories) still complete their group but are not part of its baseline."""
-    drop_zero_variance_groups: bool = True
+    drop_zero_variance_groups: bool = False
     """GRPO: a group whose usable members all have the same reward is dropped and reported (its
-    advantages are all 0: it would only dilute the loss of the others)."""
+    advantages are all 0: it would only dilute the loss of the others). Off by default: a policy that
+    fails every task gives only such groups, and with the rule on every step would be skipped and
+    re-planned without end (seen in the 3-broker fault test); dynamic sampling that refills such steps
+    from the stream is what makes it safe to turn on."""
 
     def __post_init__(self) -> None:
         _check_choice("algorithm.algorithm", self.algorithm, get_args(Algorithm))

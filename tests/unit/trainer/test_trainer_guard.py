@@ -92,7 +92,7 @@ def test_selection_excludes_failed_members_and_drops_unusable_groups() -> None:
         _member("d0", "d", 0.0, empty=True), _member("d1", "d", 1.0, status="aborted"),  # nothing usable
         _member("e0", "e", math.nan, empty=True), _member("e1", "e", 0.0), _member("e2", "e", 2.0),  # NaN unused
     ]
-    selection = select_trainable(batch, AlgorithmConfig())
+    selection = select_trainable(batch, AlgorithmConfig(drop_zero_variance_groups=True))
     assert [t.trajectory_id for t in selection.kept] == ["a0", "a1", "e1", "e2"]
     reasons = dict(selection.dropped_groups)
     assert sorted(reasons) == ["b", "c", "d"]
@@ -113,7 +113,7 @@ def test_selection_rules_are_configurable_and_ppo_ignores_groups() -> None:
 
 
 def test_a_step_reports_the_groups_it_left_out(tiny_model_dir: Path) -> None:
-    trainer = Trainer(trainer_config(tiny_model_dir))
+    trainer = Trainer(trainer_config(tiny_model_dir, algorithm=AlgorithmConfig(drop_zero_variance_groups=True)))
     batch = random_batch(seed=14)  # groups g0, g1 with distinct rewards
     flat = [dataclasses.replace(t, trajectory_id=f"flat{i}", group_id="flat", reward=1.0) for i, t in enumerate(batch)]
     failed = _member("failed", "g0", 0.0, empty=True)
