@@ -1,7 +1,7 @@
 """Capture proxy overhead: latency added to an LLM call, and 1,000 concurrent sessions held.
 
 Starts, on 127.0.0.1 free ports: a one-broker Kafka (KRaft) unless --bootstrap is given, the native
-engine (`python -m inference_svc`, default model) and the proxy (`python -m agents_adapter`), each its
+engine (`python -m inference_svc`, default model) and the proxy (`python -m agents_adapter.proxy`), each its
 own process. Then, in one run:
 
   1. latency, first of one session back to back (no queueing: the proxy's own cost), then of
@@ -45,7 +45,7 @@ import psutil
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from agents_adapter.tito import ChatCodec  # noqa: E402
+from agents_adapter.proxy.tito import ChatCodec  # noqa: E402
 from bus.admin import ensure_topics  # noqa: E402
 from bus.config import BusConfig  # noqa: E402
 from inference_svc.default_model import create_default_model  # noqa: E402
@@ -153,7 +153,7 @@ def main() -> None:
         procs.append(start(["-m", "inference_svc", "--model-path", str(model), "--port", str(engine_port),
                             "--max-running-requests", "64", "--num-threads", "1", "--log-level", "warning"],
                            threads, engine_log))
-        procs.append(start(["-m", "agents_adapter", "--model-path", str(model), "--port", str(proxy_port),
+        procs.append(start(["-m", "agents_adapter.proxy", "--model-path", str(model), "--port", str(proxy_port),
                             "--endpoint", f"rollout-0=http://127.0.0.1:{engine_port}", "--no-routing-from-events",
                             "--bootstrap-servers", bootstrap, "--topic-prefix", bus.topic_prefix,
                             "--session-cache-size", str(max(10_000, 2 * args.open_sessions)),

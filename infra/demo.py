@@ -149,7 +149,7 @@ def service_specs(
         # the previous run's assignment (its topics) and never see this run's events.
         ServiceSpec("analytics", "infra.analytics", ("--data-dir", str(paths.analytics),
                                                      "--group-id", f"sflow-analytics.{paths.root.name}"), env),
-        ServiceSpec("trajectories", "agents_adapter.trajectories",
+        ServiceSpec("trajectories", "agents_adapter.processor.trajectories",
                     ("--data-dir", str(paths.root / "faust"), "--group-size", str(sched.samples_per_task),
                      "--tick-interval-s", "1"), env),
     ]
@@ -197,7 +197,7 @@ def service_specs(
                     "--session-store-path", str(paths.root / "adapter-sessions.sqlite")]
     for e in endpoints:
         adapter_args += ["--endpoint", e]
-    specs.append(ServiceSpec("adapter", "agents_adapter", tuple(adapter_args),
+    specs.append(ServiceSpec("adapter", "agents_adapter.proxy", tuple(adapter_args),
                              {**env, "SFLOW_ADAPTER_API_KEYS": f"demo-agent={api_key}",
                               "SFLOW_ADAPTER_ADMIN_KEY": admin_key},
                              health_url=f"http://127.0.0.1:{adapter_port}/health"))

@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from agents_adapter.__main__ import parse_config
 from agents_adapter.agents import (
     CalculatorAgent,
     CalculatorError,
@@ -19,12 +18,13 @@ from agents_adapter.agents import (
     run_tool,
     verify,
 )
-from agents_adapter.config import AdapterConfig, StaticEndpoint, hash_api_key
 from agents_adapter.errors import ConfigError
-from agents_adapter.openai_models import ChatCompletionRequest
-from agents_adapter.outputs import chat_logprobs, finish_reply, parse_tool_calls
-from agents_adapter.stitching import EngineRun, StitchedCall
-from agents_adapter.tito import ChatCodec
+from agents_adapter.proxy.__main__ import parse_config
+from agents_adapter.proxy.config import AdapterConfig, StaticEndpoint, hash_api_key
+from agents_adapter.proxy.openai_models import ChatCompletionRequest
+from agents_adapter.proxy.outputs import chat_logprobs, finish_reply, parse_tool_calls
+from agents_adapter.proxy.stitching import EngineRun, StitchedCall
+from agents_adapter.proxy.tito import ChatCodec
 
 pytestmark = pytest.mark.unit
 IM_END = 258

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agents_adapter.routing import RoutingTable
+from agents_adapter.proxy.routing import RoutingTable
 from schemas import events as ev
 
 pytestmark = pytest.mark.unit

@@ -24,10 +24,10 @@ import openai
 import pytest
 
 from agents_adapter.agents import CalculatorAgent, arun_episode, make_arithmetic_tasks, run_episode
-from agents_adapter.app import create_app
-from agents_adapter.config import AdapterConfig
+from agents_adapter.proxy.app import create_app
+from agents_adapter.proxy.config import AdapterConfig
+from agents_adapter.proxy.tito import ChatCodec
 from agents_adapter.sdk import AgentSession, report_reward_later
-from agents_adapter.tito import ChatCodec
 from bus.admin import ensure_topics
 from bus.config import BusConfig
 from bus.producer import EventProducer

@@ -3,7 +3,7 @@ proxy, ends and rewards are idempotent and exactly-once under real concurrency, 
 answered with what it got, and an agent on the SDK rides out a proxy restart.
 
 Real broker (`bus_config`), the native engine under uvicorn (`engine_a`), proxies in this process
-(`start_proxy`) or as `python -m agents_adapter` subprocesses (`ServiceProcess`) that can be SIGKILLed.
+(`start_proxy`) or as `python -m agents_adapter.proxy` subprocesses (`ServiceProcess`) that can be SIGKILLed.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ import httpx
 import openai
 import pytest
 
-from agents_adapter.recording import session_started
+from agents_adapter.proxy.recording import session_started
+from agents_adapter.proxy.session_store import SessionStore
+from agents_adapter.proxy.tito import SessionState
 from agents_adapter.sdk import IDEMPOTENCY_HEADER, AgentSession, AsyncAgentSession, retries_covering
-from agents_adapter.session_store import SessionStore
-from agents_adapter.tito import SessionState
 from bus.config import BusConfig
 from schemas import events as ev
 from schemas.events import LLMCall, SessionEnded
@@ -192,11 +192,11 @@ def test_a_retried_call_gets_its_recorded_answer_not_a_second_call(
 
 
 class ProxyProcess(ServiceProcess):
-    """`python -m agents_adapter` on a fixed port and store, so a restart is the same proxy."""
+    """`python -m agents_adapter.proxy` on a fixed port and store, so a restart is the same proxy."""
 
     def __init__(self, bus: BusConfig, log: Path, model_dir: Path, engine_url: str, store: Path) -> None:
         self.port = free_port()
-        super().__init__("agents_adapter", bus, log, {
+        super().__init__("agents_adapter.proxy", bus, log, {
             "model-path": model_dir, "port": self.port, "endpoint": f"rollout-a={engine_url}",
             "session-store-path": store, "log-level": "info"})
         self.url = f"http://127.0.0.1:{self.port}"

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agents_adapter.errors import EngineFailedError
-from agents_adapter.stitching import EngineRun, StitchedCall
+from agents_adapter.proxy.stitching import EngineRun, StitchedCall
 
 pytestmark = pytest.mark.unit
 

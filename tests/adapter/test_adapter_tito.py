@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agents_adapter.errors import TemplateError
-from agents_adapter.outputs import parse_tool_calls
-from agents_adapter.tito import (
+from agents_adapter.proxy.outputs import parse_tool_calls
+from agents_adapter.proxy.tito import (
     ChatCodec,
     SessionCache,
     SessionState,

@@ -26,8 +26,8 @@ from urllib.parse import urlparse
 
 import pytest
 
-from agents_adapter.prefix_tree import PrefixTree
-from agents_adapter.trajectory_core import GroupTracker, trajectory_event_id
+from agents_adapter.processor.prefix_tree import PrefixTree
+from agents_adapter.processor.trajectory_core import GroupTracker, trajectory_event_id
 from bus.config import BusConfig
 from bus.producer import Delivered, EventProducer
 from bus.replay import replay

@@ -16,7 +16,7 @@ from agents_adapter.errors import (
     MalformedCallError,
     UnknownCallError,
 )
-from agents_adapter.prefix_tree import PrefixTree
+from agents_adapter.processor.prefix_tree import PrefixTree
 from schemas.errors import SchemaError
 from schemas.events import Trajectory, TrajectoryNode, decode_event, encode_event
 from tests.unit.trajectory.sessiongen import make_call, oracle, sessions

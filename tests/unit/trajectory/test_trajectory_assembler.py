@@ -9,8 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agents_adapter.errors import ConfigError, DeltaError, LateCallError, MalformedCallError
-from agents_adapter.prefix_tree import PrefixTree
-from agents_adapter.trajectory_core import (
+from agents_adapter.processor.prefix_tree import PrefixTree
+from agents_adapter.processor.trajectory_core import (
     NAMESPACE,
     AssemblerConfig,
     CloseMarker,

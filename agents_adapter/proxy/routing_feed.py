@@ -11,7 +11,7 @@ import logging
 import threading
 from typing import Final
 
-from agents_adapter.routing import RoutingTable
+from agents_adapter.proxy.routing import RoutingTable
 from bus.config import BusConfig
 from bus.consumer import EventConsumer, unique_group
 from bus.errors import BusError

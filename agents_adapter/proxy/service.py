@@ -36,8 +36,6 @@ from collections.abc import AsyncIterator, Callable, Hashable, Iterator, Sequenc
 from dataclasses import dataclass, field
 from typing import Any
 
-from agents_adapter.config import AdapterConfig
-from agents_adapter.dispatch import Dispatcher, EngineSampling, now_ms
 from agents_adapter.errors import (
     DrainingError,
     InvalidParameterError,
@@ -48,19 +46,21 @@ from agents_adapter.errors import (
     UnknownModelError,
     UnknownSessionError,
 )
-from agents_adapter.openai_models import (
+from agents_adapter.proxy.config import AdapterConfig
+from agents_adapter.proxy.dispatch import Dispatcher, EngineSampling, now_ms
+from agents_adapter.proxy.openai_models import (
     ChatCompletionRequest,
     CompletionRequest,
     TokenGenerateRequest,
     _Sampling,
     unsupported,
 )
-from agents_adapter.outputs import Reply, chat_logprobs, completion_logprobs, finish_reply
-from agents_adapter.recording import Recorder, llm_call, session_ended, session_started
-from agents_adapter.routing import RoutingTable
-from agents_adapter.session_store import SessionStore, StoredCall
-from agents_adapter.stitching import StitchedCall
-from agents_adapter.tito import BuiltPrompt, ChatCodec, SessionCache, SessionState, TitoBuilder, new_call_id
+from agents_adapter.proxy.outputs import Reply, chat_logprobs, completion_logprobs, finish_reply
+from agents_adapter.proxy.recording import Recorder, llm_call, session_ended, session_started
+from agents_adapter.proxy.routing import RoutingTable
+from agents_adapter.proxy.session_store import SessionStore, StoredCall
+from agents_adapter.proxy.stitching import StitchedCall
+from agents_adapter.proxy.tito import BuiltPrompt, ChatCodec, SessionCache, SessionState, TitoBuilder, new_call_id
 from schemas.events import Event, LLMCall, SessionStarted, SessionStatus
 
 logger = logging.getLogger(__name__)

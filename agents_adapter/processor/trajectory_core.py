@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from typing import Final, NamedTuple
 
 from agents_adapter.errors import AdapterError, ConfigError, DeltaError, LateCallError, RejectedCallError
-from agents_adapter.prefix_tree import PrefixTree, TreeDelta
+from agents_adapter.processor.prefix_tree import PrefixTree, TreeDelta
 from schemas.events import (
     BatchReady,
     LLMCall,

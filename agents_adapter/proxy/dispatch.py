@@ -34,8 +34,8 @@ from agents_adapter.errors import (
     LongRequestTimeoutError,
     NoRolloutResourceError,
 )
-from agents_adapter.routing import Lease, RoutingTable
-from agents_adapter.stitching import EngineRun, StitchedCall
+from agents_adapter.proxy.routing import Lease, RoutingTable
+from agents_adapter.proxy.stitching import EngineRun, StitchedCall
 from inference_svc.client import InferenceClient
 from inference_svc.errors import InferenceHTTPError
 from inference_svc.protocol import SamplingParams

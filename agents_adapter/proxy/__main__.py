@@ -1,4 +1,4 @@
-"""`python -m agents_adapter --model-path DIR [--endpoint rollout-0=http://127.0.0.1:30000 ...]`: parse config
+"""`python -m agents_adapter.proxy --model-path DIR [--endpoint rollout-0=http://127.0.0.1:30000 ...]`: parse config
 -> build -> run.
 
 Every scalar `AdapterConfig` field is a flag (`--session-cache-size 1000`); `--endpoint` repeats
@@ -6,7 +6,7 @@ Every scalar `AdapterConfig` field is a flag (`--session-cache-size 1000`); `--e
 environment (SFLOW_BOOTSTRAP, SFLOW_TOPIC_PREFIX). Keys: `--api-keys-file` and/or $SFLOW_ADAPTER_API_KEYS;
 the admin key from $SFLOW_ADAPTER_ADMIN_KEY(_SHA256). `--hash-key KEY` prints the sha256 entry to put
 in a keys file and exits. `--session-store-path FILE` keeps sessions (owners, call counts, ends, retried
-requests' answers) in SQLite so that they survive a restart of the proxy (`agents_adapter.session_store`).
+requests' answers) in SQLite so that they survive a restart of the proxy (`agents_adapter.proxy.session_store`).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from agents_adapter.config import HASH_PREFIX, AdapterConfig, hash_api_key
 from agents_adapter.errors import ConfigError
+from agents_adapter.proxy.config import HASH_PREFIX, AdapterConfig, hash_api_key
 from bus.config import BusConfig
 from bus.log import configure_logging
 
@@ -24,7 +24,7 @@ _SPECIAL = {"agent_keys", "inference_endpoints", "bus"}
 
 def parse_config(argv: list[str] | None = None) -> AdapterConfig | None:
     """The validated config, or None when the command only printed something (--hash-key)."""
-    parser = argparse.ArgumentParser(prog="python -m agents_adapter", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m agents_adapter.proxy", description=__doc__.splitlines()[0])
     parser.add_argument("--hash-key", default=None, help="print the keys-file entry of a key and exit")
     for name, field in AdapterConfig.model_fields.items():
         if name in _SPECIAL:
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> None:
     configure_logging("agents-adapter", config.log_level)
     import uvicorn
 
-    from agents_adapter.app import create_app
+    from agents_adapter.proxy.app import create_app
 
     uvicorn.run(create_app(config), host=config.host, port=config.port, log_level=config.log_level,
                 timeout_keep_alive=30)

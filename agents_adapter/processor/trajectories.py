@@ -1,6 +1,6 @@
 """The trajectory processor: the Faust shell around `TrajectoryAssembler` (docs/architecture.md).
 
-Run it with `python -m agents_adapter.trajectories [options]` (bus settings from SFLOW_BOOTSTRAP,
+Run it with `python -m agents_adapter.processor.trajectories [options]` (bus settings from SFLOW_BOOTSTRAP,
 SFLOW_TOPIC_PREFIX, SFLOW_REPLICATION) or `worker(ProcessorConfig(...))`.
 
 Topology (N = partitions of `llm.calls`, which must equal those of `sessions`)
@@ -111,7 +111,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from agents_adapter.errors import AdapterError, ConfigError, RejectedCallError
-from agents_adapter.trajectory_core import (
+from agents_adapter.processor.trajectory_core import (
     AssemblerConfig,
     CloseMarker,
     Emitted,
@@ -139,7 +139,7 @@ from schemas.events import (
     now_ms,
 )
 
-log = logging.getLogger("sflow.agents_adapter.trajectories")
+log = logging.getLogger("sflow.agents_adapter.processor.trajectories")
 _LOG: Final = {"service": "trajectory-processor"}
 
 TICK_METRIC: Final = "trajectory_processor.tick"
@@ -211,7 +211,7 @@ class ProcessorConfig:
             raise ConfigError(f"session_timeout_s must be in [6, 300] (broker limits), got {self.session_timeout_s!r}")
         if self.processing_guarantee not in _GUARANTEES:
             raise ConfigError(f"processing_guarantee must be 'at_least_once' (outputs are deduplicated by event id;"
-                              f" see agents_adapter.trajectories), got {self.processing_guarantee!r}")
+                              f" see agents_adapter.processor.trajectories), got {self.processing_guarantee!r}")
         if self.log_level.lower() not in _LEVELS:
             raise ConfigError(f"log_level must be one of {_LEVELS}, got {self.log_level!r}")
         self.assembler_config()  # validates producer, group_size, group_size_key, closed_retention_ms
@@ -247,7 +247,7 @@ class ProcessorConfig:
     def from_args(cls, argv: Sequence[str] | None = None) -> ProcessorConfig:
         """The worker's command line; the bus comes from the environment (`BusConfig.from_env`)."""
         d = cls.__dataclass_fields__
-        p = argparse.ArgumentParser(prog="python -m agents_adapter.trajectories",
+        p = argparse.ArgumentParser(prog="python -m agents_adapter.processor.trajectories",
                                     description="SeamlessFlow trajectory processor (Faust worker)")
         p.add_argument("--app-id", default=d["app_id"].default)
         p.add_argument("--data-dir", type=Path, default=d["data_dir"].default)

@@ -1,4 +1,4 @@
-"""Configuration of the capture proxy (`python -m agents_adapter`).
+"""Configuration of the capture proxy (`python -m agents_adapter.proxy`).
 
 Validated at start-up: a bad value raises `ConfigError` (or pydantic's `ValidationError`), whose message
 names the field and the offending value.
@@ -9,7 +9,7 @@ environment variable named by `api_keys_env`, one `AGENT_ID KEY` entry per line 
 `AGENT_ID=KEY` entries separated by commas in the variable, where KEY is either `sha256:<64 hex>` (the
 recommended form: the file then holds no secret) or the key itself (hashed at once on load). The admin
 key comes the same way from `admin_key_sha256`, or `SFLOW_ADAPTER_ADMIN_KEY` (clear, hashed on load) /
-`SFLOW_ADAPTER_ADMIN_KEY_SHA256`. `python -m agents_adapter --hash-key KEY` prints a key's digest.
+`SFLOW_ADAPTER_ADMIN_KEY_SHA256`. `python -m agents_adapter.proxy --hash-key KEY` prints a key's digest.
 
 Limits on what one request may ask (each refusal names the limit and the value): `max_body_bytes`
 (413), `max_json_depth`, `max_messages`, `max_batch_prompts`, `max_abs_reward` (400),
@@ -32,7 +32,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from agents_adapter.errors import ConfigError
-from agents_adapter.openai_models import BodyLimits
+from agents_adapter.proxy.openai_models import BodyLimits
 from bus.config import BusConfig
 from bus.errors import BusError
 
@@ -154,7 +154,7 @@ class AdapterConfig(BaseModel):
     session_store_path: Path | None = Field(
         default=None,
         description="SQLite file of the durable session state (owners, call counts, ends, retried requests' "
-        "answers; see agents_adapter.session_store), so that sessions survive a proxy restart. None: kept in "
+        "answers; see agents_adapter.proxy.session_store), so that sessions survive a proxy restart. None: kept in "
         "memory, surviving cache eviction only.",
     )
     calls_cached_per_session: int = Field(

@@ -50,9 +50,6 @@ from pydantic import BaseModel, ValidationError
 from pydantic.json_schema import models_json_schema
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from agents_adapter import outputs
-from agents_adapter.config import AdapterConfig, hash_api_key
-from agents_adapter.dispatch import Dispatcher
 from agents_adapter.errors import (
     AuthenticationError,
     InvalidBodyError,
@@ -62,7 +59,10 @@ from agents_adapter.errors import (
     ProxyError,
     RateLimitedError,
 )
-from agents_adapter.openai_models import (
+from agents_adapter.proxy import outputs
+from agents_adapter.proxy.config import AdapterConfig, hash_api_key
+from agents_adapter.proxy.dispatch import Dispatcher
+from agents_adapter.proxy.openai_models import (
     BodyLimits,
     ChatCompletionRequest,
     CompletionRequest,
@@ -71,11 +71,11 @@ from agents_adapter.openai_models import (
     RewardRequest,
     TokenGenerateRequest,
 )
-from agents_adapter.recording import Recorder
-from agents_adapter.routing import RoutingTable
-from agents_adapter.routing_feed import RoutingFeed
-from agents_adapter.service import AdapterService, CallContext, Served
-from agents_adapter.tito import ChatCodec
+from agents_adapter.proxy.recording import Recorder
+from agents_adapter.proxy.routing import RoutingTable
+from agents_adapter.proxy.routing_feed import RoutingFeed
+from agents_adapter.proxy.service import AdapterService, CallContext, Served
+from agents_adapter.proxy.tito import ChatCodec
 from bus.producer import EventProducer
 
 logger = logging.getLogger(__name__)
