@@ -30,7 +30,8 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from inference_svc.controller import InferenceController
 from inference_svc.default_model import create_default_model, write_perturbed_checkpoint
-from inference_svc.engine import GenerationResult, NativeEngine, SamplingOptions
+from inference_svc.engine import NativeEngine
+from schemas.inference.types import GenerationResult, SamplingOptions
 
 
 @dataclass

@@ -36,15 +36,15 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from inference_svc.config import InferenceConfig
-from inference_svc.engine import GenerationResult, NativeEngine, SamplingOptions
-from inference_svc.errors import (
+from inference_svc.engine import NativeEngine
+from schemas.inference.errors import (
     InferenceError,
     InvalidRequestError,
     PayloadTooLargeError,
     UnauthorizedError,
     WeightLoadError,
 )
-from inference_svc.protocol import (
+from schemas.inference.protocol import (
     AbortRequest,
     AbortResponse,
     ContinueGenerationRequest,
@@ -60,6 +60,7 @@ from inference_svc.protocol import (
     WeightVersionResponse,
     generate_response,
 )
+from schemas.inference.types import GenerationResult, SamplingOptions
 
 logger = logging.getLogger(__name__)
 HEALTH_TIMEOUT_S = 20.0

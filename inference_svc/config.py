@@ -7,7 +7,7 @@ and the offending input (e.g. ``max_context  Input should be greater than or equ
 Control plane security (one rule, checked here at start-up):
 - `control_key` set (or `SFLOW_INFERENCE_KEY` in the environment): the control endpoints
   (/pause_generation, /continue_generation, /abort_request, /update_weights_from_disk, /flush_cache)
-  answer 401 unless the request carries `Authorization: Bearer <key>`; `inference_svc.client` sends
+  answer 401 unless the request carries `Authorization: Bearer <key>`; `schemas.inference.client` sends
   the key from the same variable, so the proxy and the tests need no change beyond sharing it.
 - no key: the service binds to loopback only (`host` 127.0.0.0/8, ::1 or localhost); any other
   host is refused at start-up, so an unauthenticated control plane is never reachable from the network.
@@ -17,24 +17,16 @@ Hot swaps load only from `weights_roots` (the start-up `model_path` and `weights
 from __future__ import annotations
 
 import ipaddress
-import os
 import re
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
+from schemas.inference.client import CONTROL_KEY_ENV, control_key_from_env
+
 _DEVICE_RE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 DTYPES = ("float32", "bfloat16", "float16")
-CONTROL_KEY_ENV = "SFLOW_INFERENCE_KEY"
-
-
-def control_key_from_env() -> SecretStr | None:
-    """The control key of the environment (shared by the service and its clients), if any."""
-    value = os.environ.get(CONTROL_KEY_ENV, "")
-    return SecretStr(value) if value else None
-
-
 def is_loopback(host: str) -> bool:
     if host.strip().lower() == "localhost":
         return True

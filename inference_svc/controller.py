@@ -31,8 +31,8 @@ from urllib.parse import unquote, urlparse
 import torch
 
 from inference_svc.config import InferenceConfig
-from inference_svc.engine import PAUSE_MODES, EngineStats, WeightUpdateResult
-from inference_svc.errors import InferenceError, InvalidRequestError
+from schemas.inference.errors import InferenceError, InvalidRequestError
+from schemas.inference.types import PAUSE_MODES, EngineStats, WeightUpdateResult
 
 logger = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from inference_svc.byte_level import bytes_to_unicode
+from schemas.inference.byte_level import bytes_to_unicode
 
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from inference_svc.errors import UnsupportedModelError
+from schemas.inference.errors import UnsupportedModelError
 
 SUPPORTED_MODEL_TYPES = ("qwen3", "qwen2", "llama", "mistral")
 

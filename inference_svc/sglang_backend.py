@@ -18,9 +18,9 @@ from typing import Any
 
 import httpx
 
-from inference_svc.client import InferenceClient, RemoteEngineControl
 from inference_svc.config import InferenceConfig
-from inference_svc.errors import BackendUnavailableError, InvalidRequestError
+from schemas.inference.client import InferenceClient, RemoteEngineControl
+from schemas.inference.errors import BackendUnavailableError, InvalidRequestError
 
 logger = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from inference_svc.errors import WeightLoadError, WeightsAccessError
+from schemas.inference.errors import WeightLoadError, WeightsAccessError
 
 
 def resolve_inside(requested: Path | str, roots: Sequence[Path]) -> Path:

@@ -36,9 +36,9 @@ from agents_adapter.errors import (
 )
 from agents_adapter.proxy.routing import Lease, RoutingTable
 from agents_adapter.proxy.stitching import EngineRun, StitchedCall
-from inference_svc.client import InferenceClient
-from inference_svc.errors import InferenceHTTPError
-from inference_svc.protocol import SamplingParams
+from schemas.inference.client import InferenceClient
+from schemas.inference.errors import InferenceHTTPError
+from schemas.inference.protocol import SamplingParams
 
 logger = logging.getLogger(__name__)
 _WAIT_POLL_S = 0.25

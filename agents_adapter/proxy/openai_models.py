@@ -19,7 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationInfo, field_validator
 
 from agents_adapter.errors import InvalidParameterError
-from inference_svc.protocol import SamplingParams
+from schemas.inference.protocol import SamplingParams
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,7 @@ from typing import Any, Final
 import numpy as np
 
 from agents_adapter.errors import TemplateError
-from inference_svc.byte_level import bytes_to_unicode
+from schemas.inference.byte_level import bytes_to_unicode
 
 Message = Mapping[str, Any]
 _PROBE_SYSTEM: Final = "PROBE-SYSTEM"

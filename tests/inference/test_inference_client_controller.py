@@ -13,12 +13,13 @@ import pytest
 import uvicorn
 
 from inference_svc.app import create_app
-from inference_svc.client import InferenceClient, RemoteEngineControl, generate_payload
 from inference_svc.config import InferenceConfig
 from inference_svc.controller import InferenceController, describe_resource, weights_path_from_uri
-from inference_svc.engine import NativeEngine, SamplingOptions
-from inference_svc.errors import InferenceHTTPError, InvalidRequestError
+from inference_svc.engine import NativeEngine
 from inference_svc.weights import checkpoint_sha256
+from schemas.inference.client import InferenceClient, RemoteEngineControl, generate_payload
+from schemas.inference.errors import InferenceHTTPError, InvalidRequestError
+from schemas.inference.types import SamplingOptions
 
 pytestmark = pytest.mark.unit
 

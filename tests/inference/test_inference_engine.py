@@ -11,9 +11,10 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from inference_svc.engine import NativeEngine, SamplingOptions
-from inference_svc.errors import InvalidRequestError, WeightLoadError
+from inference_svc.engine import NativeEngine
 from inference_svc.model_runner import BatchRunner, SlotKVCache, model_shape
+from schemas.inference.errors import InvalidRequestError, WeightLoadError
+from schemas.inference.types import SamplingOptions
 
 pytestmark = pytest.mark.unit
 

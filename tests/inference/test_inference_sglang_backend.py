@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from inference_svc.client import generate_payload
 from inference_svc.config import InferenceConfig
-from inference_svc.errors import BackendUnavailableError
 from inference_svc.sglang_backend import SGLangServer, launch_command, sglang_unavailable_reason, validate_with_sglang
+from schemas.inference.client import generate_payload
+from schemas.inference.errors import BackendUnavailableError
 
 SGLANG_MISSING = importlib.util.find_spec("sglang") is None
 

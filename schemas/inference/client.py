@@ -14,6 +14,7 @@ service's environment (the proxy, the tests, RemoteEngineControl) need no change
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 from collections.abc import Coroutine
@@ -21,11 +22,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
+from pydantic import SecretStr
 
-from inference_svc.config import control_key_from_env
-from inference_svc.engine import EngineStats, WeightUpdateResult
-from inference_svc.errors import InferenceHTTPError
-from inference_svc.protocol import (
+from schemas.inference.errors import InferenceHTTPError
+from schemas.inference.protocol import (
     ControlResponse,
     GenerateRequest,
     GenerateResponse,
@@ -33,8 +33,19 @@ from inference_svc.protocol import (
     SamplingParams,
     UpdateWeightsFromDiskResponse,
 )
+from schemas.inference.types import EngineStats, WeightUpdateResult
 
 _T = TypeVar("_T")
+
+
+CONTROL_KEY_ENV = "SFLOW_INFERENCE_KEY"
+
+
+def control_key_from_env() -> SecretStr | None:
+    """The control key of the environment (shared by the service and its clients), if any."""
+    value = os.environ.get(CONTROL_KEY_ENV, "")
+    return SecretStr(value) if value else None
+
 
 
 def generate_payload(

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
-from inference_svc.engine import MAX_WEIGHT_VERSION, GenerationResult, SamplingOptions
+from schemas.inference.types import MAX_WEIGHT_VERSION, GenerationResult, SamplingOptions
 
 
 class _Request(BaseModel):
