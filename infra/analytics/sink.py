@@ -33,8 +33,9 @@ from bus.consumer import EventConsumer, Received
 from bus.errors import ConsumeError
 from infra.analytics.config import AnalyticsConfig
 from infra.analytics.errors import AnalyticsError, RowError
+from infra.analytics.rows import rows_of
 from infra.analytics.store import AnalyticsStore, TopicPartition
-from infra.analytics.tables import Row, rows_of
+from infra.analytics.tables import Row
 from schemas.events import now_ms
 
 log = logging.getLogger("sflow.analytics")

@@ -13,8 +13,9 @@ import pytest
 
 from infra.analytics.errors import AnalyticsError
 from infra.analytics.queries import CANNED, render
+from infra.analytics.rows import rows_of
 from infra.analytics.store import AnalyticsStore
-from infra.analytics.tables import BY_NAME, EVENT_TABLES, rows_of
+from infra.analytics.tables import BY_NAME, EVENT_TABLES
 from schemas import events as ev
 from tests.analytics.analytics_helpers import (
     T0,

@@ -20,9 +20,10 @@ import pytest
 from bus.config import BusConfig
 from bus.producer import EventProducer
 from infra.analytics.config import AnalyticsConfig, open_store
+from infra.analytics.rows import rows_of
 from infra.analytics.sink import AnalyticsSink
 from infra.analytics.store import AnalyticsStore
-from infra.analytics.tables import EVENT_TABLES, rows_of
+from infra.analytics.tables import EVENT_TABLES
 from schemas import events as ev
 from tests.factories import ALL_EVENT_TYPES, example
 
