@@ -26,8 +26,8 @@ import time
 import tracemalloc
 from collections.abc import Callable
 
+from agents_adapter.processor.assembler import AssemblerConfig, TrajectoryAssembler
 from agents_adapter.processor.prefix_tree import PrefixTree
-from agents_adapter.processor.trajectory_core import AssemblerConfig, TrajectoryAssembler
 from schemas.events import LLMCall, SessionEnded, encode_event
 
 VOCAB = 151_000

@@ -30,8 +30,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from agents_adapter.errors import RejectedCallError
+from agents_adapter.processor.assembler import TrajectoryAssembler
 from agents_adapter.processor.trajectories import ProcessorConfig
-from agents_adapter.processor.trajectory_core import TrajectoryAssembler
 from bus.config import BusConfig
 from bus.consumer import Received
 from bus.replay import ReplayRange, replay

@@ -111,14 +111,9 @@ from pathlib import Path
 from typing import Any, Final
 
 from agents_adapter.errors import AdapterError, ConfigError, RejectedCallError
-from agents_adapter.processor.trajectory_core import (
-    AssemblerConfig,
-    CloseMarker,
-    Emitted,
-    GroupTracker,
-    SessionDelta,
-    TrajectoryAssembler,
-)
+from agents_adapter.processor.assembler import AssemblerConfig, Emitted, TrajectoryAssembler
+from agents_adapter.processor.group_tracker import GroupTracker
+from agents_adapter.processor.session_records import CloseMarker, SessionDelta
 from bus.admin import ensure_topics
 from bus.config import BusConfig
 from bus.consumer import group_start_offsets

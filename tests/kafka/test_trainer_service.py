@@ -26,8 +26,9 @@ from urllib.parse import urlparse
 
 import pytest
 
+from agents_adapter.processor.group_tracker import GroupTracker
 from agents_adapter.processor.prefix_tree import PrefixTree
-from agents_adapter.processor.trajectory_core import GroupTracker, trajectory_event_id
+from agents_adapter.processor.session_records import trajectory_event_id
 from bus.config import BusConfig
 from bus.producer import Delivered, EventProducer
 from bus.replay import replay

@@ -24,10 +24,11 @@ from typing import Any
 import pytest
 
 from agents_adapter.errors import ConfigError
-from agents_adapter.processor.prefix_tree import AddCall, PrefixTree
+from agents_adapter.processor.prefix_tree import PrefixTree
 from agents_adapter.processor.replay import ReplayReport, first_difference, replay_trajectories
+from agents_adapter.processor.session_records import SessionDelta, trajectory_event_id
 from agents_adapter.processor.trajectories import CLOSED, DELTA, ProcessorConfig, TableKey
-from agents_adapter.processor.trajectory_core import SessionDelta, trajectory_event_id
+from agents_adapter.processor.tree_delta import AddCall
 from bus.config import BusConfig
 from bus.consumer import EventConsumer, Received, consumer_settings, fetch_ready, unique_group
 from bus.dedupe import Deduplicator

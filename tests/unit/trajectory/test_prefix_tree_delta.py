@@ -8,7 +8,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agents_adapter.errors import DeltaError
-from agents_adapter.processor.prefix_tree import PrefixTree, TreeDelta
+from agents_adapter.processor.prefix_tree import PrefixTree
+from agents_adapter.processor.tree_delta import TreeDelta
 from tests.unit.trajectory.sessiongen import make_call, sessions
 
 pytestmark = pytest.mark.unit

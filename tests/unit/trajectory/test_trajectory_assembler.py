@@ -9,16 +9,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agents_adapter.errors import ConfigError, DeltaError, LateCallError, MalformedCallError
+from agents_adapter.processor.assembler import AssemblerConfig, Emitted, TrajectoryAssembler
+from agents_adapter.processor.group_tracker import GroupTracker, batch_event_id
 from agents_adapter.processor.prefix_tree import PrefixTree
-from agents_adapter.processor.trajectory_core import (
+from agents_adapter.processor.session_records import (
     NAMESPACE,
-    AssemblerConfig,
     CloseMarker,
-    Emitted,
-    GroupTracker,
     SessionDelta,
-    TrajectoryAssembler,
-    batch_event_id,
     call_digest,
     trajectory_event_id,
 )

@@ -32,25 +32,20 @@ Determinism (replay compares bytes)
     order in which different groups complete.
 
 Group size
-    A group is ready when it holds n distinct trajectories; n comes from `GroupTracker.expect` (the
-    shell may call it for each TaskDispatched), from the session's SessionStarted metadata
-    (`group_size_key`, default "n_samples"), or from `AssemblerConfig.group_size`, in that order of
-    precedence; the first known size of a group is kept. Trajectories for a group that already
-    fired are counted (`late_samples`) and not batched again. The tracker's state is not in the
-    session deltas: the shell rebuilds it by feeding the `trajectories` topic to `GroupTracker.add`.
+    Counted by `group_tracker.GroupTracker` (its module doc says where n comes from).
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import struct
-import uuid
-from dataclasses import dataclass, field
-from typing import Final, NamedTuple
+from dataclasses import dataclass
+from typing import Final
 
-from agents_adapter.errors import AdapterError, ConfigError, DeltaError, LateCallError, RejectedCallError
-from agents_adapter.processor.prefix_tree import PrefixTree, TreeDelta
+from agents_adapter.errors import ConfigError, DeltaError, LateCallError, RejectedCallError
+from agents_adapter.processor.group_tracker import GroupTracker
+from agents_adapter.processor.prefix_tree import PrefixTree
+from agents_adapter.processor.session_records import CloseMarker, SessionDelta, call_digest, trajectory_event_id
+from agents_adapter.processor.tree_delta import TreeDelta
 from schemas.events import (
     BatchReady,
     LLMCall,
@@ -58,66 +53,11 @@ from schemas.events import (
     SessionStarted,
     SessionStatus,
     Trajectory,
-    decode_event,
-    encode_event,
 )
 
 logger = logging.getLogger(__name__)
 
-NAMESPACE: Final = uuid.UUID("6f1c2a7e-5b0e-5d1a-9c4e-53a3d1f10f10")
 _LOG: Final = {"service": "agents_adapter"}
-
-
-def trajectory_event_id(session_id: str) -> str:
-    """Event id of a session's trajectory: the same for every copy of it."""
-    return uuid.uuid5(NAMESPACE, f"Trajectory/{session_id}").hex
-
-
-def batch_event_id(group_id: str) -> str:
-    return uuid.uuid5(NAMESPACE, f"BatchReady/{group_id}").hex
-
-
-def call_digest(call_id: str) -> int:
-    """64-bit digest of a call id: what a closed session keeps to recognise its own calls read again."""
-    return int.from_bytes(hashlib.blake2b(call_id.encode(), digest_size=8).digest(), "little")
-
-
-_MARKER_HEAD = struct.Struct("<qI")
-_DIGEST = struct.Struct("<Q")
-
-
-@dataclass(frozen=True, slots=True)
-class CloseMarker:
-    """A closed session's tombstone: its close time and the digests of the calls in its trajectory.
-
-    Wire format (`to_bytes`, little-endian): i64 ts_ms, u32 n, n x u64 digests. An 8-byte value (the
-    format before digests) reads as `call_digests=None`: such a session cannot tell its own
-    redelivered calls from late ones, and drops both as before.
-    """
-
-    ts_ms: int
-    call_digests: frozenset[int] | None
-
-    @classmethod
-    def of(cls, ts_ms: int, call_ids: tuple[str, ...]) -> CloseMarker:
-        return cls(ts_ms, frozenset(call_digest(c) for c in call_ids))
-
-    def to_bytes(self) -> bytes:
-        digests = sorted(self.call_digests or ())
-        return _MARKER_HEAD.pack(self.ts_ms, len(digests)) + b"".join(_DIGEST.pack(d) for d in digests)
-
-    @classmethod
-    def from_bytes(cls, data: bytes) -> CloseMarker:
-        if len(data) == 8:
-            return cls(struct.unpack("<q", data)[0], None)
-        try:
-            ts_ms, n = _MARKER_HEAD.unpack_from(data, 0)
-            if len(data) != _MARKER_HEAD.size + n * _DIGEST.size:
-                raise DeltaError(f"close marker of {len(data)} bytes does not hold {n} digests")
-            digests = frozenset(_DIGEST.unpack_from(data, _MARKER_HEAD.size + i * _DIGEST.size)[0] for i in range(n))
-        except struct.error as e:
-            raise DeltaError(f"undecodable close marker ({len(data)} bytes): {e}") from e
-        return cls(ts_ms, digests)
 
 
 @dataclass(frozen=True)
@@ -154,83 +94,6 @@ class AssemblerConfig:
             raise ConfigError(f"closed_retention_ms must be >= 0, got {self.closed_retention_ms!r}")
 
 
-# --- session deltas ----------------------------------------------------------------------------
-
-_SD_MAGIC: Final = b"SFSD"
-_SD_FORMAT: Final = 1
-_SD_HEADER = struct.Struct("<4sBIqI")
-_U16 = struct.Struct("<H")
-_U32 = struct.Struct("<I")
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class SessionDelta:
-    """One change of a session's state, for the processor's table; `restore` replays it.
-
-    The header fields (ids, group size, newest input ts, pending SessionEnded) are the session's
-    current values, not differences: they are a few dozen bytes. `tree` is the prefix-tree delta.
-
-    Wire format (`to_bytes`, little-endian): magic b"SFSD", u8 format (1), u32 seq, i64 last_ts_ms,
-    u32 group_size (0 = unknown), then session_id, agent_id, task_id, group_id each as u16 length +
-    utf-8, then u32 length + the pending SessionEnded in Avro single-object encoding (length 0 =
-    none), then u32 length + the tree delta (`TreeDelta.to_bytes`).
-    """
-
-    session_id: str
-    seq: int
-    agent_id: str
-    task_id: str
-    group_id: str
-    group_size: int
-    last_ts_ms: int
-    ended: SessionEnded | None
-    tree: TreeDelta
-
-    def to_bytes(self) -> bytes:
-        try:
-            parts = [_SD_HEADER.pack(_SD_MAGIC, _SD_FORMAT, self.seq, self.last_ts_ms, self.group_size)]
-            for text in (self.session_id, self.agent_id, self.task_id, self.group_id):
-                raw = text.encode()
-                parts += [_U16.pack(len(raw)), raw]
-            for blob in (encode_event(self.ended) if self.ended else b"", self.tree.to_bytes()):
-                parts += [_U32.pack(len(blob)), blob]
-        except struct.error as e:
-            raise DeltaError(f"session {self.session_id!r}: delta field out of range: {e}") from e
-        return b"".join(parts)
-
-    @classmethod
-    def from_bytes(cls, data: bytes) -> SessionDelta:
-        try:
-            magic, fmt, seq, last_ts_ms, group_size = _SD_HEADER.unpack_from(data, 0)
-            if magic != _SD_MAGIC or fmt != _SD_FORMAT:
-                raise DeltaError(f"not a session delta: magic {magic!r}, format {fmt}")
-            pos = _SD_HEADER.size
-            texts = []
-            for _ in range(4):
-                (n,) = _U16.unpack_from(data, pos)
-                texts.append(bytes(data[pos + 2:pos + 2 + n]).decode())
-                pos += 2 + n
-            blobs = []
-            for _ in range(2):
-                (n,) = _U32.unpack_from(data, pos)
-                blobs.append(bytes(data[pos + 4:pos + 4 + n]))
-                pos += 4 + n
-            if pos != len(data):
-                raise DeltaError(f"session delta length mismatch: parsed {pos} of {len(data)} bytes")
-            ended = decode_event(blobs[0]) if blobs[0] else None
-        except (struct.error, UnicodeDecodeError) as e:
-            raise DeltaError(f"undecodable session delta ({len(data)} bytes): {e}") from e
-        except Exception as e:
-            if isinstance(e, AdapterError):
-                raise
-            raise DeltaError(f"session delta holds an undecodable SessionEnded: {e}") from e
-        if ended is not None and not isinstance(ended, SessionEnded):
-            raise DeltaError(f"session delta holds a {ended.event_type}, not a SessionEnded")
-        session_id, agent_id, task_id, group_id = texts
-        return cls(session_id, seq, agent_id, task_id, group_id, group_size, last_ts_ms, ended,
-                   TreeDelta.from_bytes(blobs[1]))
-
-
 @dataclass(frozen=True, slots=True)
 class Emitted:
     """What one input produced: deltas to persist, events to publish, table keys to delete."""
@@ -263,140 +126,6 @@ class AssemblerStats:
     trajectories: int = 0
     timeouts: int = 0
     incomplete_closes: int = 0
-
-
-# --- groups ------------------------------------------------------------------------------------
-
-
-class _Member(NamedTuple):
-    """What a group needs of a trajectory (not its tokens: groups wait for their slowest sample)."""
-
-    min_version: int
-    max_version: int
-    ts_ms: int
-
-
-@dataclass
-class _Group:
-    task_id: str = ""
-    size: int | None = None
-    members: dict[str, _Member] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class GroupState:
-    """A pending group: its size (None = not known yet), task and members (id, min/max version, ts)."""
-
-    group_id: str
-    size: int | None
-    task_id: str
-    members: tuple[tuple[str, int, int, int], ...]
-
-
-class GroupTracker:
-    """Counts trajectories per task group and fires one BatchReady when a group has its n samples."""
-
-    def __init__(self, default_size: int | None = None, producer: str = "trajectory-processor") -> None:
-        if default_size is not None and default_size < 1:
-            raise ConfigError(f"default_size must be >= 1 or None, got {default_size!r}")
-        self.default_size = default_size
-        self.producer = producer
-        self.ready_groups = 0
-        self.late_samples = 0
-        self.duplicate_samples = 0
-        self._groups: dict[str, _Group] = {}
-        self._done: dict[str, int] = {}
-
-    def expect(self, group_id: str, n: int, task_id: str = "") -> BatchReady | None:
-        """Sets a group's size (the first size given wins); fires if the group is already complete."""
-        if n < 1:
-            raise ConfigError(f"group size of {group_id!r} must be >= 1, got {n}")
-        if not group_id or group_id in self._done:
-            return None
-        group = self._groups.setdefault(group_id, _Group())
-        if group.size is None:
-            group.size = n
-        elif group.size != n:
-            logger.warning("group size %d ignored, keeping %d", n, group.size, extra={**_LOG, "group": group_id})
-        group.task_id = group.task_id or task_id
-        return self._fire_if_ready(group_id, group)
-
-    def add(self, trajectory: Trajectory) -> BatchReady | None:
-        """Counts a trajectory (once per trajectory_id) and returns the group's BatchReady when complete."""
-        return self.add_member(trajectory.group_id, trajectory.trajectory_id, trajectory.task_id,
-                               trajectory.min_version, trajectory.max_version, trajectory.ts_ms)
-
-    def add_member(self, group_id: str, trajectory_id: str, task_id: str, min_version: int, max_version: int,
-                   ts_ms: int) -> BatchReady | None:
-        """`add` for a shell that forwards only what a group needs of a trajectory (not its tokens)."""
-        if not group_id:
-            return None
-        if group_id in self._done:
-            self.late_samples += 1
-            return None
-        group = self._groups.setdefault(group_id, _Group())
-        if trajectory_id in group.members:
-            self.duplicate_samples += 1
-            return None
-        group.members[trajectory_id] = _Member(min_version, max_version, ts_ms)
-        group.task_id = group.task_id or task_id
-        return self._fire_if_ready(group_id, group)
-
-    def group_state(self, group_id: str) -> GroupState | None:
-        """What a shell persists of a group that has not fired (restored with `expect` + `add_member`)."""
-        group = self._groups.get(group_id)
-        if group is None:
-            return None
-        return GroupState(group_id, group.size, group.task_id, tuple(
-            (tid, m.min_version, m.max_version, m.ts_ms) for tid, m in group.members.items()))
-
-    def is_done(self, group_id: str) -> bool:
-        return group_id in self._done
-
-    def restore_done(self, group_id: str, ts_ms: int) -> None:
-        """Remembers that a group fired (a restarted shell's persisted marker): later samples are late."""
-        self._groups.pop(group_id, None)
-        self._done[group_id] = ts_ms
-
-    def pending(self, group_id: str) -> int:
-        """Trajectories counted for a group that has not fired yet."""
-        group = self._groups.get(group_id)
-        return len(group.members) if group else 0
-
-    def forget(self, before_ts_ms: int) -> int:
-        """Drops the memory of groups that fired before a time; returns how many.
-
-        A sample arriving for a forgotten group starts counting it afresh; should that group fire
-        again, its BatchReady has the same event id as the first, and consumers drop it.
-        """
-        old = [g for g, ts in self._done.items() if ts < before_ts_ms]
-        for g in old:
-            del self._done[g]
-        return len(old)
-
-    def _fire_if_ready(self, group_id: str, group: _Group) -> BatchReady | None:
-        size = group.size if group.size is not None else self.default_size
-        if size is None or len(group.members) < size:
-            return None
-        ids = sorted(group.members)
-        generated = [m for m in group.members.values() if m.max_version >= 0]
-        ts = max(m.ts_ms for m in group.members.values())
-        self.ready_groups += 1
-        del self._groups[group_id]
-        self._done[group_id] = ts
-        return BatchReady(
-            event_id=batch_event_id(group_id),
-            ts_ms=ts,
-            producer=self.producer,
-            correlation_id=group_id,
-            group_id=group_id,
-            task_id=group.task_id,
-            trajectory_ids=tuple(ids),
-            num_samples=len(ids),
-            min_version=min((m.min_version for m in generated), default=-1),
-            max_version=max((m.max_version for m in generated), default=-1),
-            ready_groups=self.ready_groups,
-        )
 
 
 # --- sessions ----------------------------------------------------------------------------------
