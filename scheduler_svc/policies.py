@@ -35,13 +35,29 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Protocol
 
 from scheduler_svc.errors import ConfigError
 from scheduler_svc.tags import CAPABILITIES, CRITIC, REFERENCE, ROLLOUT, TRAIN
 
-PLACEMENTS = ("train_priority", "registration_order")
-STRAGGLER_RULES = ("wait", "abort")
+
+class Placement(StrEnum):
+    """Which resources get a group's tags first."""
+
+    TRAIN_PRIORITY = "train_priority"
+    REGISTRATION_ORDER = "registration_order"
+
+
+class StragglerRule(StrEnum):
+    """What a strict staleness bound does with a group that would get too old (see the module doc)."""
+
+    WAIT = "wait"
+    ABORT = "abort"
+
+
+PLACEMENTS = tuple(p.value for p in Placement)
+STRAGGLER_RULES = tuple(r.value for r in StragglerRule)
 
 
 class Placeable(Protocol):
@@ -80,9 +96,9 @@ class TagPolicy:
     groups: tuple[TagGroup, ...]
     max_staleness: int = 0
     train_microbatches: int = 1
-    placement: str = "train_priority"
+    placement: str = Placement.TRAIN_PRIORITY
     strict_staleness: bool = True
-    straggler: str = "wait"
+    straggler: str = StragglerRule.WAIT
     max_regenerations: int = 1
 
     def __post_init__(self) -> None:
@@ -94,12 +110,14 @@ class TagPolicy:
             raise ConfigError(f"TagPolicy.train_microbatches must be >= 1, got {self.train_microbatches!r}")
         if self.straggler not in STRAGGLER_RULES:
             raise ConfigError(f"TagPolicy.straggler must be one of {STRAGGLER_RULES}, got {self.straggler!r}")
-        if self.straggler == "abort" and not self.strict_staleness:
+        object.__setattr__(self, "straggler", StragglerRule(self.straggler))  # frozen: normalise once
+        if self.straggler == StragglerRule.ABORT and not self.strict_staleness:
             raise ConfigError("TagPolicy.straggler='abort' needs strict_staleness=True (there is no bound to enforce)")
         if self.max_regenerations < 0:
             raise ConfigError(f"TagPolicy.max_regenerations must be >= 0, got {self.max_regenerations!r}")
         if self.placement not in PLACEMENTS:
             raise ConfigError(f"TagPolicy.placement must be one of {PLACEMENTS}, got {self.placement!r}")
+        object.__setattr__(self, "placement", Placement(self.placement))
         all_tags = set().union(*(g.tags for g in self.groups))
         for needed in (ROLLOUT, TRAIN):
             if needed not in all_tags:
@@ -116,7 +134,7 @@ class TagPolicy:
         for group in self.groups:
             if not remaining:
                 break
-            if self.placement == "train_priority":
+            if self.placement == Placement.TRAIN_PRIORITY:
                 remaining.sort(key=lambda r: (-r.train_priority, r.capabilities != group.tags, r.registered_seq))
             else:
                 remaining.sort(key=lambda r: (r.capabilities != group.tags, r.registered_seq))
@@ -143,7 +161,7 @@ def _train_tags(with_critic: bool) -> frozenset[str]:
     return frozenset({TRAIN, REFERENCE, CRITIC} if with_critic else {TRAIN, REFERENCE})
 
 
-def colocated(*, max_staleness: int = 0, with_critic: bool = False, straggler: str = "wait") -> TagPolicy:
+def colocated(*, max_staleness: int = 0, with_critic: bool = False, straggler: str = StragglerRule.WAIT) -> TagPolicy:
     """verl-style: every resource carries every tag; rollout and train alternate on all of them."""
     tags = _train_tags(with_critic) | {ROLLOUT}
     return TagPolicy("colocated", (TagGroup(tags, None),), max_staleness=max_staleness, straggler=straggler)
@@ -155,8 +173,8 @@ def disaggregated(
     max_staleness: int = 0,
     train_microbatches: int = 1,
     with_critic: bool = False,
-    placement: str = "train_priority",
-    straggler: str = "wait",
+    placement: str = Placement.TRAIN_PRIORITY,
+    straggler: str = StragglerRule.WAIT,
 ) -> TagPolicy:
     """OpenRLHF-style: `train_resources` only train, the rest only roll out."""
     return TagPolicy(
@@ -175,8 +193,8 @@ def spatiotemporal(
     max_staleness: int = 1,
     train_microbatches: int = 1,
     with_critic: bool = False,
-    placement: str = "train_priority",
-    straggler: str = "wait",
+    placement: str = Placement.TRAIN_PRIORITY,
+    straggler: str = StragglerRule.WAIT,
 ) -> TagPolicy:
     """SeamlessFlow: `train_resources` carry {rollout, train}, the rest {rollout}; all roll out, the
     train-capable ones are preempted for each step and return to rollout after it."""

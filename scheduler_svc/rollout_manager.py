@@ -68,7 +68,7 @@ from scheduler_svc.decisions import (
     WeightSyncStarted,
 )
 from scheduler_svc.loader import GroupState, StreamingDataLoader
-from scheduler_svc.policies import TagPolicy
+from scheduler_svc.policies import StragglerRule, TagPolicy
 from scheduler_svc.pool import ResourcePool
 from scheduler_svc.settings import SchedulerSettings
 from scheduler_svc.tags import ACTIVITY, IDLE, OFFLINE, ROLLOUT, TRAIN, WEIGHT_SYNC
@@ -186,7 +186,7 @@ class RolloutManager:
         b = self.settings.train_batch_groups
         limit = step - self.policy.max_staleness
         loader = self.loader
-        waits = self.policy.strict_staleness and self.policy.straggler == "wait"
+        waits = self.policy.strict_staleness and self.policy.straggler == StragglerRule.WAIT
         must_inflight = loader.inflight_unassigned_at_or_below(limit) if waits else 0
         must_ready = loader.ready_at_or_below(limit)
         room = max(0, b - fed - must_ready - must_inflight)
@@ -226,7 +226,7 @@ class RolloutManager:
                 tuple(sorted(token_lags.items())),
             )
         )
-        if final and self.policy.strict_staleness and self.policy.straggler == "abort":
+        if final and self.policy.strict_staleness and self.policy.straggler == StragglerRule.ABORT:
             # rule 3, abort: what is still rolling out with tokens this step was the last to accept
             late = self.loader.inflight_unassigned_groups_at_or_below(step - self.policy.max_staleness)
             for d in self.loader.plan_abort(late, "staleness_bound", self.policy.max_regenerations):

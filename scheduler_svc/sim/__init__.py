@@ -4,7 +4,8 @@ Entry points: `run_simulation(SimConfig(...)) -> SimResult` and `main(argv)` (th
 """
 
 from scheduler_svc.sim.cli import main
-from scheduler_svc.sim.cluster import ClusterSim, SimConfig, run_simulation
+from scheduler_svc.sim.cluster import ClusterSim, run_simulation
+from scheduler_svc.sim.config import SimConfig
 from scheduler_svc.sim.pipelines import PIPELINES, pipeline_policy
 from scheduler_svc.sim.results import SimResult, draw_gantt, format_table
 

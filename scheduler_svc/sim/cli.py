@@ -6,7 +6,8 @@ import argparse
 from collections.abc import Sequence
 
 from scheduler_svc.errors import SchedulerError
-from scheduler_svc.sim.cluster import SimConfig, run_simulation
+from scheduler_svc.sim.cluster import run_simulation
+from scheduler_svc.sim.config import SimConfig
 from scheduler_svc.sim.pipelines import PIPELINES
 from scheduler_svc.sim.results import SimResult, draw_gantt, format_table
 

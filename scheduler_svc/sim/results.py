@@ -4,26 +4,41 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-#: Device-time categories. Busy = useful compute; bubble = nothing to do; overhead = switching,
-#: weight loading and re-prefill after preemption or new weights.
-BUSY_STATES = ("rollout", "train")
-BUBBLE_STATES = ("rollout_bubble", "train_bubble", "idle")
-OVERHEAD_STATES = ("weight_sync", "switch", "reprefill")
-ALL_STATES = BUSY_STATES + BUBBLE_STATES + OVERHEAD_STATES + ("offline",)
+
+class Activity(StrEnum):
+    """Device-time categories. Busy = useful compute; bubble = nothing to do; overhead = switching,
+    weight loading and re-prefill after preemption or new weights."""
+
+    ROLLOUT = "rollout"
+    TRAIN = "train"
+    ROLLOUT_BUBBLE = "rollout_bubble"
+    TRAIN_BUBBLE = "train_bubble"
+    IDLE = "idle"
+    WEIGHT_SYNC = "weight_sync"
+    SWITCH = "switch"
+    REPREFILL = "reprefill"
+    OFFLINE = "offline"
+
+
+BUSY_STATES = (Activity.ROLLOUT, Activity.TRAIN)
+BUBBLE_STATES = (Activity.ROLLOUT_BUBBLE, Activity.TRAIN_BUBBLE, Activity.IDLE)
+OVERHEAD_STATES = (Activity.WEIGHT_SYNC, Activity.SWITCH, Activity.REPREFILL)
+ALL_STATES = BUSY_STATES + BUBBLE_STATES + OVERHEAD_STATES + (Activity.OFFLINE,)
 
 STATE_COLORS: dict[str, str] = {
-    "rollout": "#2e8b57",
-    "rollout_bubble": "#cfe8d8",
-    "train": "#1f5fbf",
-    "train_bubble": "#c9d7f0",
-    "idle": "#eeeeee",
-    "weight_sync": "#f0a030",
-    "switch": "#d04040",
-    "reprefill": "#e07070",
-    "offline": "#222222",
+    Activity.ROLLOUT: "#2e8b57",
+    Activity.ROLLOUT_BUBBLE: "#cfe8d8",
+    Activity.TRAIN: "#1f5fbf",
+    Activity.TRAIN_BUBBLE: "#c9d7f0",
+    Activity.IDLE: "#eeeeee",
+    Activity.WEIGHT_SYNC: "#f0a030",
+    Activity.SWITCH: "#d04040",
+    Activity.REPREFILL: "#e07070",
+    Activity.OFFLINE: "#222222",
 }
 
 Segment = tuple[float, float, str]
@@ -135,7 +150,7 @@ def draw_gantt(results: Sequence[SimResult], path: str | Path, *, max_devices: i
 
 
 def shares(totals: Mapping[str, float]) -> dict[str, float]:
-    alive = sum(v for k, v in totals.items() if k != "offline")
+    alive = sum(v for k, v in totals.items() if k != Activity.OFFLINE)
     if alive <= 0:
         return {k: 0.0 for k in ALL_STATES}
-    return {k: totals.get(k, 0.0) / alive for k in ALL_STATES if k != "offline"}
+    return {k: totals.get(k, 0.0) / alive for k in ALL_STATES if k != Activity.OFFLINE}

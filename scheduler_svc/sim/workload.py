@@ -11,9 +11,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Protocol
 
 from scheduler_svc.errors import ConfigError
+
+
+class WorkloadKind(StrEnum):
+    MATH = "math"
+    AGENTIC = "agentic"
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,8 +159,8 @@ class AgenticCoding:
 
 
 def workload_preset(name: str, *, seed: int = 0, max_response: int | None = None) -> Workload:
-    if name == "math":
+    if name == WorkloadKind.MATH:
         return SingleTurnMath(seed=seed, max_response=max_response or 20_000)
-    if name == "agentic":
+    if name == WorkloadKind.AGENTIC:
         return AgenticCoding(seed=seed, max_context=max_response or 65_536)
     raise ConfigError(f"unknown workload {name!r}; use 'math' or 'agentic'")
