@@ -213,3 +213,25 @@ class SchemaRegistry:
 def default_registry() -> SchemaRegistry:
     """The registry of the schemas shipped with this package (built once per process)."""
     return SchemaRegistry()
+
+
+def _records_in(schema: Any) -> list[dict[str, Any]]:
+    """The named records of a schema: itself when it is one, and every record nested in its fields."""
+    if isinstance(schema, list):
+        return [r for branch in schema for r in _records_in(branch)]
+    if not isinstance(schema, dict):
+        return []
+    if schema.get("type") == "record":
+        return [schema, *(r for f in schema.get("fields", ()) for r in _records_in(f.get("type")))]
+    return _records_in(schema.get("items")) + _records_in(schema.get("values"))
+
+
+@cache
+def named_records(avsc_dir: Path = AVSC_DIR) -> dict[str, dict[str, Any]]:
+    """Record name -> definition of every record in the current schemas, nested ones included (their
+    `doc`s are the event classes' docs). Read from the files alone: cheaper than building the registry."""
+    found: dict[str, dict[str, Any]] = {}
+    for path in sorted(avsc_dir.glob("*.avsc")):
+        for record in _records_in(SchemaRegistry._read(path)):
+            found.setdefault(record["name"], record)
+    return found

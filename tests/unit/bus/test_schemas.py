@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 import typing
 from pathlib import Path
@@ -136,7 +137,7 @@ def _strategy(hint: Any, avro_type: Any, packed: type[PackedArray] | None) -> st
         return st.lists(_INT32, max_size=20).map(tuple)
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
-    if isinstance(hint, type) and issubclass(hint, ev.enum.Enum):
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
         return st.sampled_from(list(hint))
     if origin is tuple and args and dataclasses.is_dataclass(args[0]):
         item = args[0]

@@ -1,0 +1,157 @@
+"""The envelope every event shares, and the mapping between event dataclasses and Avro records.
+
+Events are facts: immutable, named in the past tense or as commands, each with the envelope
+(`event_id`, `ts_ms`, `producer`, `correlation_id`; `event_type` is the class name). Packed token
+payloads are held as `PackedArray`s (tuple-like, numpy-backed; see `schemas.packed`): pass a tuple,
+list or numpy array and it is converted; a decoded event wraps the message bytes without a copy.
+Float32 fields round to float32 when the event is built, so a round trip is exact.
+
+The conversion is derived from each dataclass's type hints once (`_converters`), so an event family
+declares only its fields; the docs of a record and of its fields live in its `.avsc` file and are set
+on the class by `schemas.events` (one source of truth).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import time
+import typing
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any, ClassVar, TypeVar
+
+from schemas.errors import DecodeError, EncodeError
+from schemas.packed import PackedArray
+
+E = TypeVar("E", bound="Event")
+
+
+def new_event_id() -> str:
+    return uuid.uuid4().hex
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def packed(kind: type[PackedArray]) -> Any:
+    """A token payload field: written as packed little-endian bytes, held as a `PackedArray`."""
+    return field(default=kind(), metadata={"packed": kind})
+
+
+class Record:
+    """A dataclass written as one Avro record (an event or a record nested in one).
+
+    Converts tuples, lists or numpy arrays given for packed fields into their `PackedArray`.
+    """
+
+    #: Python attribute -> Avro field, where a name would clash with the envelope (`key` is a property).
+    AVRO_NAMES: ClassVar[Mapping[str, str]] = {}
+    #: Python attribute -> the field's `doc` in the `.avsc` file (set by `schemas.events`).
+    FIELD_DOCS: ClassVar[Mapping[str, str]] = {}
+
+    def __post_init__(self) -> None:
+        cls: Any = self.__class__
+        for name, kind in _packed_fields(cls):
+            value = getattr(self, name)
+            if type(value) is not kind:
+                object.__setattr__(self, name, kind(value))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Event(Record):
+    """Envelope shared by every event."""
+
+    event_id: str = field(default_factory=new_event_id)
+    ts_ms: int = field(default_factory=now_ms)
+    producer: str = ""
+    correlation_id: str = ""
+
+    @property
+    def event_type(self) -> str:
+        return type(self).__name__
+
+    @property
+    def key(self) -> str:
+        """Kafka key: the entity the topic is partitioned by (docs/architecture.md, "Topics")."""
+        return self.correlation_id
+
+    def to_avro(self) -> dict[str, Any]:
+        record = _to_record(self)
+        record["event_type"] = self.event_type
+        return record
+
+    @classmethod
+    def from_avro(cls: type[E], record: dict[str, Any]) -> E:
+        if record.get("event_type", cls.__name__) != cls.__name__:
+            raise DecodeError(f"record of type {record.get('event_type')!r} read as {cls.__name__}")
+        return _from_record(cls, record)
+
+
+_Converter = tuple[str, str, Callable[[Any], Any] | None, Callable[[Any], Any] | None]
+
+
+@cache
+def _converters(cls: Any) -> list[_Converter]:
+    """(attribute, avro field, to-avro, from-avro) per field, derived once from the type hints;
+    None where the value passes through unchanged (most fields: kept off the hot path)."""
+    hints = typing.get_type_hints(cls)
+    out: list[_Converter] = []
+    for f in dataclasses.fields(cls):
+        avro_name = cls.AVRO_NAMES.get(f.name, f.name)
+        out.append((f.name, avro_name, *_field_codec(hints[f.name], f.metadata.get("packed"))))
+    return out
+
+
+@cache
+def _packed_fields(cls: Any) -> list[tuple[str, type[PackedArray]]]:
+    return [(f.name, f.metadata["packed"]) for f in dataclasses.fields(cls) if "packed" in f.metadata]
+
+
+def _to_bytes(v: PackedArray) -> bytes:
+    return v.to_bytes()
+
+
+def _field_codec(
+    hint: Any, kind: type[PackedArray] | None
+) -> tuple[Callable[[Any], Any] | None, Callable[[Any], Any] | None]:
+    if kind is not None:
+        return _to_bytes, kind
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        enum_cls = hint
+        return (lambda v: enum_cls(v).value), enum_cls
+    if origin is tuple and args and dataclasses.is_dataclass(args[0]):
+        item: Any = args[0]
+        return (lambda v: [_to_record(x) for x in v]), (lambda v: tuple(_from_record(item, x) for x in v))
+    if origin is tuple:
+        return list, tuple
+    if origin is dict:
+        return dict, dict
+    return None, None
+
+
+def _to_record(obj: Any) -> dict[str, Any]:
+    try:
+        return {
+            avro: getattr(obj, attr) if enc is None else enc(getattr(obj, attr))
+            for attr, avro, enc, _ in _converters(obj.__class__)
+        }
+    except (TypeError, ValueError) as e:
+        raise EncodeError(f"{type(obj).__name__}: {e}") from e
+
+
+def _from_record(cls: Any, record: dict[str, Any]) -> Any:
+    """Builds the dataclass without running __init__: the reader schema guarantees every field and its
+    type, and packed fields are already wrapped, so the hot decode path skips the checks of __init__."""
+    try:
+        values = {attr: record[avro] if dec is None else dec(record[avro]) for attr, avro, _, dec in _converters(cls)}
+    except (KeyError, TypeError, ValueError) as e:
+        raise DecodeError(f"{cls.__name__}: {type(e).__name__}: {e}") from e
+    obj = object.__new__(cls)
+    obj.__dict__.update(values)
+    return obj
