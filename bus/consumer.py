@@ -17,11 +17,12 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from bus.config import BusConfig
+from bus.deadletter import dead_letter
 from bus.errors import ConsumeError
 from bus.log import RDKAFKA_LOG
 from bus.producer import EventProducer
 from schemas.errors import SchemaError
-from schemas.events import DeadLetter, Event, decode_event
+from schemas.events import Event, decode_event
 
 log = logging.getLogger("sflow.bus")
 
@@ -135,16 +136,8 @@ class EventConsumer:
     ) -> None:
         if self._dlq is None:
             self._dlq = EventProducer(self.config, producer_id=f"{self.config.client_id}-dlq")
-        letter = DeadLetter(
-            source_topic=topic,
-            source_partition=partition,
-            source_offset=offset,
-            key_bytes=key,
-            value=value,
-            reason=reason,
-            consumer_group=self.group_id,
-            correlation_id=f"{topic}:{partition}:{offset}",
-        )
+        letter = dead_letter(topic, partition, offset, key=key, value=value, reason=reason,
+                             consumer_group=self.group_id)
         self._dlq.publish_sync(letter, topic=self.config.topic("dlq"))
         self.dead_lettered += 1
         log.warning("dead-lettered %s[%s]@%s: %s", topic, partition, offset, reason)
@@ -203,12 +196,21 @@ class EventConsumer:
         self,
         handle: Callable[[Received], None],
         stop: threading.Event,
-        poll_timeout_s: float = 0.5,
+        poll_timeout_s: float | Callable[[], float] = 0.5,
         on_idle: Callable[[], None] | None = None,
+        *,
+        on_batch: Callable[[list[Received]], None] | None = None,
+        max_messages: int | Callable[[], int] = 500,
     ) -> None:
-        """Handles events until `stop` is set; a handler exception dead-letters that message."""
+        """The consumer loop of every service: handles events until `stop` is set, committing after each
+        batch. A handler exception dead-letters that message (a poison message must not stop the
+        consumer); `on_batch` runs after a batch's handlers and before its commit (where a service makes
+        its own state durable: the commit then never runs ahead of it), `on_idle` after an empty poll.
+        `poll_timeout_s` and `max_messages` may be functions, read before each poll (a service that must
+        wake for a tick, or that has room for only so many rows)."""
         while not stop.is_set():
-            batch = self.poll(poll_timeout_s)
+            timeout = poll_timeout_s() if callable(poll_timeout_s) else poll_timeout_s
+            batch = self.poll(timeout, max_messages() if callable(max_messages) else max_messages)
             for received in batch:
                 try:
                     handle(received)
@@ -217,6 +219,8 @@ class EventConsumer:
                     self.dead_letter(received, f"handler failed: {type(e).__name__}: {e}")
                     continue
                 self.mark_processed(received)
+            if on_batch is not None:
+                on_batch(batch)
             self.commit()
             if not batch and on_idle is not None:
                 on_idle()

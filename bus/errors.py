@@ -15,3 +15,7 @@ class ConsumeError(BusError):
 
 class TopicError(BusError):
     """A topic could not be created or does not exist."""
+
+
+class ProcessError(BusError):
+    """A managed service process exited, or was not ready, when it had to be (the message has its log's tail)."""

@@ -87,6 +87,10 @@ class ConfigModel(BaseModel):
         except ValidationError as e:
             raise self.config_error(describe_errors(e, self.field_prefix)) from e
 
+    # Tells pydantic to validate a nested section as plain data, not through this __init__: its errors
+    # then reach the outer model with their dotted location, not wrapped in a ValueError.
+    __init__.__pydantic_base_init__ = True  # type: ignore[attr-defined]
+
 
 # --- config -> command line ---------------------------------------------------------------------------
 
