@@ -45,7 +45,7 @@ import psutil
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from agents_adapter.proxy.tito import ChatCodec  # noqa: E402
+from agents_adapter.proxy.chat_codec import ChatCodec  # noqa: E402
 from bus.admin import ensure_topics  # noqa: E402
 from bus.config import BusConfig  # noqa: E402
 from inference_svc.default_model import create_default_model  # noqa: E402

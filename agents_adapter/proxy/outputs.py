@@ -17,8 +17,8 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from agents_adapter.proxy.chat_codec import ChatCodec
 from agents_adapter.proxy.stitching import StitchedCall
-from agents_adapter.proxy.tito import ChatCodec
 
 _TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
 

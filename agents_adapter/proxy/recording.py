@@ -20,8 +20,8 @@ from collections.abc import Sequence
 from typing import Final
 
 from agents_adapter.errors import RecordingError
+from agents_adapter.proxy.session_cache import SessionState
 from agents_adapter.proxy.stitching import StitchedCall
-from agents_adapter.proxy.tito import SessionState
 from bus.errors import BusError
 from bus.producer import EventProducer
 from schemas.events import Event, LLMCall, SessionEnded, SessionStarted, SessionStatus

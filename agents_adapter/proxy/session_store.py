@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from agents_adapter.errors import ConfigError, ServiceUnavailableError
-from agents_adapter.proxy.tito import SessionState
+from agents_adapter.proxy.session_cache import SessionState
 from schemas.events import Event, decode_event, encode_event
 
 _SCHEMA = """

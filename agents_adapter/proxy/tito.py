@@ -12,13 +12,7 @@ conversation gets the prompt
 where `render(new messages)` is the chat template applied to the new messages alone (it ends with the
 generation prompt) and `glue` closes the earlier reply the way the template closes an assistant turn.
 
-The template convention is probed, not assumed (`ChatCodec.convention`): rendering
-[system, user] + [assistant A] + [next messages] must equal render([system, user], generation prompt)
-+ A + CLOSE + render([next messages]) for tool and non-tool turns, with and without tools; CLOSE is
-what the template writes after a reply ("<|im_end|>\\n" for ChatML). The engine's output of a reply that
-stopped on <|im_end|> already holds that token, so its glue is the rest of CLOSE ("\\n"); a reply cut by
-max_tokens gets all of CLOSE. A template that cannot be split this way is refused at start-up
-(`TemplateError`) rather than producing prompts that differ from what the template would give.
+The template convention is probed at start-up, not assumed (`chat_codec`).
 
 Drift: a request in a session that already served calls, whose messages hold assistant turns the
 session cannot map to served ids (history edited, or sent after the cache forgot them), is tokenized
@@ -29,7 +23,7 @@ Text (`/v1/completions`) and token (`/v1/generate`) prompts follow the same rule
 the longest served `prompt + output` that prefixes the new prompt is reused verbatim; a prompt that
 starts with a served prompt but not with its output is drift.
 
-Sessions live in an LRU cache with an idle TTL (`SessionCache`); each keeps at most
+Sessions live in an LRU cache with an idle TTL (`session_cache`); each keeps at most
 `calls_cached_per_session` served calls. The cache is rebuilt from the durable session store
 (`session_store`) when a session comes back after an eviction or a proxy restart (`TitoBuilder.restore`).
 """
@@ -38,216 +32,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Final
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from agents_adapter.errors import TemplateError
-from schemas.inference.byte_level import bytes_to_unicode
-
-Message = Mapping[str, Any]
-_PROBE_SYSTEM: Final = "PROBE-SYSTEM"
-_PROBE_USER: Final = "PROBE-USER"
-_PROBE_REPLY: Final = "PROBE-REPLY"
-_PROBE_NEXT: Final = "PROBE-NEXT"
-_PROBE_TOOLS: Final = (
-    {
-        "type": "function",
-        "function": {
-            "name": "probe_tool",
-            "description": "probe",
-            "parameters": {"type": "object", "properties": {"x": {"type": "string"}}},
-        },
-    },
-)
-_PROBE_CALL: Final = {
-    "id": "call_probe",
-    "type": "function",
-    "function": {"name": "probe_tool", "arguments": '{"x": "1"}'},
-}
-
-
-# --------------------------------------------------------------------------------------------- codec
-
-
-@dataclass(frozen=True)
-class TemplateConvention:
-    """How the chat template closes an assistant turn and opens the next one."""
-
-    turn_close: str
-    generation_prompt: str
-
-
-class ChatCodec:
-    """The model's tokenizer and chat template, plus the probed template convention."""
-
-    def __init__(self, tokenizer: Any, eos_token_ids: Iterable[int]) -> None:
-        self.tokenizer = tokenizer
-        self._backend = getattr(tokenizer, "backend_tokenizer", None)
-        self.eos_token_ids = frozenset(int(i) for i in eos_token_ids)
-        self.vocab_size = len(tokenizer)
-        self.convention = self._probe()
-        self._close_prefixes = {
-            tok: self.convention.turn_close[len(text) :]
-            for tok in self.eos_token_ids
-            if (text := self.decode([tok])) and self.convention.turn_close.startswith(text)
-        }
-        self._byte_decoder = _byte_level_decoder(tokenizer)
-        self._special_ids = frozenset(int(i) for i in getattr(tokenizer, "all_special_ids", ()))
-        self._bytes_cache: dict[int, bytes] = {}
-
-    @classmethod
-    def from_model_dir(cls, path: Path) -> ChatCodec:
-        from transformers import AutoTokenizer
-
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-        except (OSError, ValueError) as e:
-            raise TemplateError(f"model_path={str(path)!r}: cannot load its tokenizer: {e}") from e
-        if not getattr(tokenizer, "chat_template", None):
-            raise TemplateError(f"model_path={str(path)!r}: the tokenizer has no chat template")
-        return cls(tokenizer, _eos_ids(path, tokenizer))
-
-    # ----- text <-> ids
-
-    def render(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None = None,
-               *, add_generation_prompt: bool = True) -> str:
-        if not messages:
-            return self.convention.generation_prompt if add_generation_prompt else ""
-        try:
-            text = self.tokenizer.apply_chat_template(
-                [dict(m) for m in messages], tools=list(tools) if tools else None,
-                add_generation_prompt=add_generation_prompt, tokenize=False,
-            )
-        except Exception as e:  # jinja raises its own error types (raise_exception in templates)
-            raise TemplateError(f"the chat template failed on these messages: {e}") from e
-        return str(text)
-
-    def encode(self, text: str) -> list[int]:
-        if self._backend is not None:  # encode_batch releases the GIL (encode does not): other threads run
-            return list(self._backend.encode_batch([text], add_special_tokens=False)[0].ids)
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
-
-    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
-        if self._backend is not None:
-            return str(self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens))
-        return str(self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens))
-
-    def token_bytes(self, token_id: int) -> bytes:
-        """The bytes a token stands for (OpenAI logprobs `bytes`); exact for byte-level vocabularies."""
-        cached = self._bytes_cache.get(token_id)
-        if cached is None:
-            cached = self._bytes_cache[token_id] = self._token_bytes(token_id)
-        return cached
-
-    def _token_bytes(self, token_id: int) -> bytes:
-        piece = self.tokenizer.convert_ids_to_tokens(token_id)
-        decoder = self._byte_decoder
-        if (decoder is not None and token_id not in self._special_ids and isinstance(piece, str) and piece
-                and all(c in decoder for c in piece)):
-            return bytes(decoder[c] for c in piece)
-        return self.decode([token_id]).encode("utf-8")
-
-    def glue(self, output_ids: Sequence[int]) -> str:
-        """Text between a served output and the messages that follow it (closes the assistant turn)."""
-        if output_ids and output_ids[-1] in self._close_prefixes:
-            return self._close_prefixes[output_ids[-1]]
-        return self.convention.turn_close
-
-    def render_tail(self, messages: Sequence[Message]) -> str:
-        """The new messages of an extended conversation, rendered alone, with the generation prompt.
-
-        A leading system message is rendered after a throw-away user turn: templates treat a system
-        message at position 0 as the conversation header (tools block), which it is not here.
-        """
-        if messages and messages[0].get("role") == "system":
-            anchor = [{"role": "user", "content": _PROBE_USER}]
-            head = self.render(anchor, add_generation_prompt=False)
-            full = self.render([*anchor, *messages])
-            if not full.startswith(head):
-                raise TemplateError("the chat template renders a system message differently after a user turn")
-            return full[len(head) :]
-        return self.render(messages)
-
-    # ----- probe
-
-    def _probe(self) -> TemplateConvention:
-        """Derives turn_close and the generation prompt, and checks the split holds (see module doc)."""
-        user = {"role": "user", "content": _PROBE_USER}
-        nxt = {"role": "user", "content": _PROBE_NEXT}
-        gen_prompt = self._strip_prefix(self.render([nxt]), self.render([nxt], add_generation_prompt=False),
-                                        "the generation prompt is not appended at the end")
-        reply = {"role": "assistant", "content": _PROBE_REPLY}
-        head = self.render([{"role": "system", "content": _PROBE_SYSTEM}, user])
-        full = self.render([{"role": "system", "content": _PROBE_SYSTEM}, user, reply, nxt])
-        tail = self.render([nxt])
-        start = head + _PROBE_REPLY
-        if not full.startswith(start) or not full.endswith(tail) or len(full) < len(start) + len(tail):
-            raise TemplateError(
-                "the chat template does not render [system, user, assistant, user] as "
-                "render([system, user]) + reply + close + render([user]): no token-in/token-out with it"
-            )
-        convention = TemplateConvention(full[len(start) : len(full) - len(tail)], gen_prompt)
-        self.convention = convention
-        tool_reply = {"role": "assistant", "content": "", "tool_calls": [_PROBE_CALL]}
-        tool_result = {"role": "tool", "tool_call_id": "call_probe", "content": "PROBE-RESULT"}
-        cases: list[tuple[list[Message], Any, list[Message], list[Message]]] = [
-            ([user], None, [reply], [nxt]),
-            ([user], _PROBE_TOOLS, [tool_reply], [tool_result]),
-            ([{"role": "system", "content": _PROBE_SYSTEM}, user], _PROBE_TOOLS, [tool_reply],
-             [tool_result, {**tool_result, "content": "PROBE-RESULT-2"}]),
-            ([user], _PROBE_TOOLS, [reply], [{"role": "system", "content": _PROBE_SYSTEM}, nxt]),
-        ]
-        for prompt, tools, replies, following in cases:
-            head = self.render(prompt, tools)
-            full = self.render([*prompt, *replies, *following], tools)
-            expected_tail = convention.turn_close + self.render_tail(following)
-            if not (full.startswith(head) and full.endswith(expected_tail)):
-                roles = [m["role"] for m in [*prompt, *replies, *following]]
-                raise TemplateError(
-                    f"the chat template does not split at the assistant turn for roles {roles} "
-                    f"(tools={'yes' if tools else 'no'}): no token-in/token-out with it"
-                )
-        return convention
-
-    @staticmethod
-    def _strip_prefix(text: str, prefix: str, problem: str) -> str:
-        if not text.startswith(prefix):
-            raise TemplateError(f"chat template: {problem}")
-        return text[len(prefix) :]
-
-
-def _eos_ids(path: Path, tokenizer: Any) -> set[int]:
-    ids: set[int] = set()
-    if getattr(tokenizer, "eos_token_id", None) is not None:
-        ids.add(int(tokenizer.eos_token_id))
-    for name in ("generation_config.json", "config.json"):
-        try:
-            value = json.loads((path / name).read_text(encoding="utf-8")).get("eos_token_id")
-        except (OSError, ValueError):
-            continue
-        if isinstance(value, int):
-            ids.add(value)
-        elif isinstance(value, list):
-            ids.update(int(v) for v in value)
-    return ids
-
-
-def _byte_level_decoder(tokenizer: Any) -> dict[str, int] | None:
-    """char -> byte map when the vocabulary is byte-level BPE (GPT-2 / Qwen style), else None."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None or "ByteLevel" not in type(getattr(backend, "decoder", None)).__name__ + repr(
-        getattr(backend, "decoder", None)
-    ):
-        return None
-    return {char: byte for byte, char in bytes_to_unicode().items()}
-
+from agents_adapter.proxy.chat_codec import ChatCodec, Message
+from agents_adapter.proxy.session_cache import CachedCall, SessionState
 
 # ------------------------------------------------------------------------------------- canonical form
 
@@ -295,107 +89,6 @@ def _chain(seed: bytes, messages: Sequence[Message]) -> list[bytes]:
 
 def tools_seed(tools: Sequence[Mapping[str, Any]] | None) -> bytes:
     return json.dumps(list(tools or ()), sort_keys=True, separators=(",", ":")).encode("utf-8")
-
-
-# ----------------------------------------------------------------------------------------- sessions
-
-
-@dataclass(frozen=True)
-class CachedCall:
-    """A served call as the engine saw it: `ids` = prompt + output (int32)."""
-
-    call_id: str
-    ids: np.ndarray
-    prompt_len: int
-    glue: str = ""  # chat: what closes the reply before the next messages
-    prompt_text: str = ""  # text completions: the prompt and prompt + served text
-    full_text: str = ""
-
-
-@dataclass
-class SessionState:
-    """One agent session: who owns it, its lifecycle, and the served calls kept for token-in/token-out."""
-
-    session_id: str
-    agent_id: str
-    task_id: str = ""
-    group_id: str = ""
-    metadata: dict[str, str] = field(default_factory=dict)
-    phase: str = "open"  # open -> awaiting_reward (ended, reward to come) -> ended
-    started_recorded: bool = False
-    calls_served: int = 0
-    next_turn: int = 0
-    drift_calls: int = 0
-    reward: float | None = None
-    chat_calls: OrderedDict[bytes, CachedCall] = field(default_factory=OrderedDict)
-    text_calls: OrderedDict[str, CachedCall] = field(default_factory=OrderedDict)
-    token_calls: OrderedDict[str, CachedCall] = field(default_factory=OrderedDict)
-    last_used: float = 0.0
-
-
-class SessionCache:
-    """Sessions by id: least recently used beyond `max_sessions`, forgotten after `ttl_s` idle."""
-
-    def __init__(self, max_sessions: int, ttl_s: float, clock: Callable[[], float] = time.monotonic,
-                 on_evict: Callable[[SessionState, str], None] | None = None) -> None:
-        self.max_sessions = max_sessions
-        self.ttl_s = ttl_s
-        self._clock = clock
-        self._on_evict = on_evict
-        self._sessions: OrderedDict[str, SessionState] = OrderedDict()
-        self.evicted_lru = 0
-        self.expired_ttl = 0
-
-    def __len__(self) -> int:
-        return len(self._sessions)
-
-    def __iter__(self) -> Iterator[SessionState]:
-        return iter(list(self._sessions.values()))
-
-    def get(self, session_id: str) -> SessionState | None:
-        state = self._sessions.get(session_id)
-        if state is None:
-            return None
-        now = self._clock()
-        if now - state.last_used > self.ttl_s:
-            self._drop(session_id, "ttl")
-            return None
-        state.last_used = now
-        self._sessions.move_to_end(session_id)
-        return state
-
-    def get_or_create(self, session_id: str, create: Callable[[], SessionState]) -> tuple[SessionState, bool]:
-        state = self.get(session_id)
-        if state is not None:
-            return state, False
-        state = create()
-        state.last_used = self._clock()
-        self._sessions[session_id] = state
-        self.sweep()
-        while len(self._sessions) > self.max_sessions:
-            self._drop(next(iter(self._sessions)), "lru")
-        return state, True
-
-    def sweep(self) -> int:
-        """Forgets sessions idle longer than the TTL (oldest first); returns how many."""
-        now = self._clock()
-        expired = 0
-        while self._sessions:
-            sid, state = next(iter(self._sessions.items()))
-            if now - state.last_used <= self.ttl_s:
-                break
-            self._drop(sid, "ttl")
-            expired += 1
-        return expired
-
-    def _drop(self, session_id: str, why: str) -> None:
-        state = self._sessions.pop(session_id)
-        if why == "ttl":
-            self.expired_ttl += 1
-        else:
-            self.evicted_lru += 1
-        if self._on_evict is not None:
-            self._on_evict(state, why)
 
 
 # ------------------------------------------------------------------------------------------ prompts

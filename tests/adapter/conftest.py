@@ -18,7 +18,7 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from agents_adapter.proxy.tito import ChatCodec
+from agents_adapter.proxy.chat_codec import ChatCodec
 from inference_svc.default_model import DefaultModelSpec, create_default_model, write_perturbed_checkpoint
 from tests.adapter.support import EngineProcess, free_port, serve
 

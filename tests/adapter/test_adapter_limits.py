@@ -17,10 +17,11 @@ import pytest
 from pydantic import ValidationError
 
 from agents_adapter.errors import InvalidBodyError, MalformedRequestError, ProxyError
-from agents_adapter.proxy.app import error_response, read_json
+from agents_adapter.proxy.app import error_response
+from agents_adapter.proxy.chat_codec import ChatCodec
 from agents_adapter.proxy.dispatch import EngineSampling
+from agents_adapter.proxy.http_requests import read_json
 from agents_adapter.proxy.openai_models import BodyLimits, ChatCompletionRequest, CompletionRequest, EndSessionRequest
-from agents_adapter.proxy.tito import ChatCodec
 from bus.config import BusConfig
 from tests.adapter.support import free_port, serve, wait_for
 from tests.adapter.test_adapter_service import Proxy, start_proxy  # noqa: F401  (fixture)

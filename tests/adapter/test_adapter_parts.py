@@ -8,7 +8,6 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-
 from agents_adapter.agents import (
     CalculatorAgent,
     CalculatorError,
@@ -18,13 +17,14 @@ from agents_adapter.agents import (
     run_tool,
     verify,
 )
+
 from agents_adapter.errors import ConfigError
 from agents_adapter.proxy.__main__ import parse_config
+from agents_adapter.proxy.chat_codec import ChatCodec
 from agents_adapter.proxy.config import AdapterConfig, StaticEndpoint, hash_api_key
 from agents_adapter.proxy.openai_models import ChatCompletionRequest
 from agents_adapter.proxy.outputs import chat_logprobs, finish_reply, parse_tool_calls
 from agents_adapter.proxy.stitching import EngineRun, StitchedCall
-from agents_adapter.proxy.tito import ChatCodec
 
 pytestmark = pytest.mark.unit
 IM_END = 258

@@ -22,11 +22,11 @@ from typing import Any
 import httpx
 import openai
 import pytest
-
 from agents_adapter.agents import CalculatorAgent, arun_episode, make_arithmetic_tasks, run_episode
+
 from agents_adapter.proxy.app import create_app
+from agents_adapter.proxy.chat_codec import ChatCodec
 from agents_adapter.proxy.config import AdapterConfig
-from agents_adapter.proxy.tito import ChatCodec
 from agents_adapter.sdk import AgentSession, report_reward_later
 from bus.admin import ensure_topics
 from bus.config import BusConfig

@@ -21,8 +21,8 @@ import openai
 import pytest
 
 from agents_adapter.proxy.recording import session_started
+from agents_adapter.proxy.session_cache import SessionState
 from agents_adapter.proxy.session_store import SessionStore
-from agents_adapter.proxy.tito import SessionState
 from agents_adapter.sdk import IDEMPOTENCY_HEADER, AgentSession, AsyncAgentSession, retries_covering
 from bus.config import BusConfig
 from schemas import events as ev
@@ -104,7 +104,7 @@ def test_an_evicted_session_keeps_its_owner_counts_and_token_cache(
     messages: list[Any] = list(HI)
     first = mine.chat.completions.create(model=proxy.model, messages=messages, max_tokens=3)
     other.chat.completions.create(model=proxy.model, messages=HI, max_tokens=2)  # evicts "kept" from the cache
-    assert proxy.service.sessions.get("kept") is None
+    assert proxy.service.book.sessions.get("kept") is None
     messages += [echo(first.choices[0].message), {"role": "user", "content": "more"}]
     second = mine.chat.completions.create(model=proxy.model, messages=messages, max_tokens=3)
     assert second.model_extra is not None and first.model_extra is not None
@@ -118,7 +118,7 @@ def test_an_evicted_session_keeps_its_owner_counts_and_token_cache(
     assert proxy.post("/v1/sessions/kept/end", {"reward": 1.0}).json()["num_calls"] == 2
     (ended,) = _ended(bus_config, "kept")
     assert ended.num_calls == 2 == len(_calls(bus_config, "kept"))
-    assert proxy.service.sessions_restored >= 2
+    assert proxy.service.book.sessions_restored >= 2
 
 
 @pytest.mark.kafka

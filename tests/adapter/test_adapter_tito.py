@@ -11,14 +11,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agents_adapter.errors import TemplateError
+from agents_adapter.proxy.chat_codec import ChatCodec
 from agents_adapter.proxy.outputs import parse_tool_calls
-from agents_adapter.proxy.tito import (
-    ChatCodec,
-    SessionCache,
-    SessionState,
-    TitoBuilder,
-    canonical_message,
-)
+from agents_adapter.proxy.session_cache import SessionCache, SessionState
+from agents_adapter.proxy.tito import TitoBuilder, canonical_message
 from inference_svc.default_model import build_tokenizer
 
 pytestmark = pytest.mark.unit

@@ -1,0 +1,218 @@
+"""The model's tokenizer and chat template, with the template's turn convention probed at start-up.
+
+Token-in/token-out (`tito`) glues served ids to newly rendered messages, which is only right if the
+template renders a conversation as its parts concatenated. That convention is probed, not assumed
+(`ChatCodec.convention`): rendering [system, user] + [assistant A] + [next messages] must equal
+render([system, user], generation prompt) + A + CLOSE + render([next messages]) for tool and non-tool
+turns, with and without tools; CLOSE is what the template writes after a reply ("<|im_end|>\\n" for
+ChatML). The engine's output of a reply that stopped on <|im_end|> already holds that token, so its glue
+is the rest of CLOSE ("\\n"); a reply cut by max_tokens gets all of CLOSE. A template that cannot be
+split this way is refused at start-up (`TemplateError`) rather than producing prompts that differ from
+what the template would give.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from agents_adapter.errors import TemplateError
+from schemas.inference.byte_level import bytes_to_unicode
+
+Message = Mapping[str, Any]
+_PROBE_SYSTEM: Final = "PROBE-SYSTEM"
+_PROBE_USER: Final = "PROBE-USER"
+_PROBE_REPLY: Final = "PROBE-REPLY"
+_PROBE_NEXT: Final = "PROBE-NEXT"
+_PROBE_TOOLS: Final = (
+    {
+        "type": "function",
+        "function": {
+            "name": "probe_tool",
+            "description": "probe",
+            "parameters": {"type": "object", "properties": {"x": {"type": "string"}}},
+        },
+    },
+)
+_PROBE_CALL: Final = {
+    "id": "call_probe",
+    "type": "function",
+    "function": {"name": "probe_tool", "arguments": '{"x": "1"}'},
+}
+
+
+
+@dataclass(frozen=True)
+class TemplateConvention:
+    """How the chat template closes an assistant turn and opens the next one."""
+
+    turn_close: str
+    generation_prompt: str
+
+
+class ChatCodec:
+    """The model's tokenizer and chat template, plus the probed template convention."""
+
+    def __init__(self, tokenizer: Any, eos_token_ids: Iterable[int]) -> None:
+        self.tokenizer = tokenizer
+        self._backend = getattr(tokenizer, "backend_tokenizer", None)
+        self.eos_token_ids = frozenset(int(i) for i in eos_token_ids)
+        self.vocab_size = len(tokenizer)
+        self.convention = self._probe()
+        self._close_prefixes = {
+            tok: self.convention.turn_close[len(text) :]
+            for tok in self.eos_token_ids
+            if (text := self.decode([tok])) and self.convention.turn_close.startswith(text)
+        }
+        self._byte_decoder = _byte_level_decoder(tokenizer)
+        self._special_ids = frozenset(int(i) for i in getattr(tokenizer, "all_special_ids", ()))
+        self._bytes_cache: dict[int, bytes] = {}
+
+    @classmethod
+    def from_model_dir(cls, path: Path) -> ChatCodec:
+        from transformers import AutoTokenizer
+
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        except (OSError, ValueError) as e:
+            raise TemplateError(f"model_path={str(path)!r}: cannot load its tokenizer: {e}") from e
+        if not getattr(tokenizer, "chat_template", None):
+            raise TemplateError(f"model_path={str(path)!r}: the tokenizer has no chat template")
+        return cls(tokenizer, _eos_ids(path, tokenizer))
+
+    # ----- text <-> ids
+
+    def render(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None = None,
+               *, add_generation_prompt: bool = True) -> str:
+        if not messages:
+            return self.convention.generation_prompt if add_generation_prompt else ""
+        try:
+            text = self.tokenizer.apply_chat_template(
+                [dict(m) for m in messages], tools=list(tools) if tools else None,
+                add_generation_prompt=add_generation_prompt, tokenize=False,
+            )
+        except Exception as e:  # jinja raises its own error types (raise_exception in templates)
+            raise TemplateError(f"the chat template failed on these messages: {e}") from e
+        return str(text)
+
+    def encode(self, text: str) -> list[int]:
+        if self._backend is not None:  # encode_batch releases the GIL (encode does not): other threads run
+            return list(self._backend.encode_batch([text], add_special_tokens=False)[0].ids)
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
+        if self._backend is not None:
+            return str(self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens))
+        return str(self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens))
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes a token stands for (OpenAI logprobs `bytes`); exact for byte-level vocabularies."""
+        cached = self._bytes_cache.get(token_id)
+        if cached is None:
+            cached = self._bytes_cache[token_id] = self._token_bytes(token_id)
+        return cached
+
+    def _token_bytes(self, token_id: int) -> bytes:
+        piece = self.tokenizer.convert_ids_to_tokens(token_id)
+        decoder = self._byte_decoder
+        if (decoder is not None and token_id not in self._special_ids and isinstance(piece, str) and piece
+                and all(c in decoder for c in piece)):
+            return bytes(decoder[c] for c in piece)
+        return self.decode([token_id]).encode("utf-8")
+
+    def glue(self, output_ids: Sequence[int]) -> str:
+        """Text between a served output and the messages that follow it (closes the assistant turn)."""
+        if output_ids and output_ids[-1] in self._close_prefixes:
+            return self._close_prefixes[output_ids[-1]]
+        return self.convention.turn_close
+
+    def render_tail(self, messages: Sequence[Message]) -> str:
+        """The new messages of an extended conversation, rendered alone, with the generation prompt.
+
+        A leading system message is rendered after a throw-away user turn: templates treat a system
+        message at position 0 as the conversation header (tools block), which it is not here.
+        """
+        if messages and messages[0].get("role") == "system":
+            anchor = [{"role": "user", "content": _PROBE_USER}]
+            head = self.render(anchor, add_generation_prompt=False)
+            full = self.render([*anchor, *messages])
+            if not full.startswith(head):
+                raise TemplateError("the chat template renders a system message differently after a user turn")
+            return full[len(head) :]
+        return self.render(messages)
+
+    # ----- probe
+
+    def _probe(self) -> TemplateConvention:
+        """Derives turn_close and the generation prompt, and checks the split holds (see module doc)."""
+        user = {"role": "user", "content": _PROBE_USER}
+        nxt = {"role": "user", "content": _PROBE_NEXT}
+        gen_prompt = self._strip_prefix(self.render([nxt]), self.render([nxt], add_generation_prompt=False),
+                                        "the generation prompt is not appended at the end")
+        reply = {"role": "assistant", "content": _PROBE_REPLY}
+        head = self.render([{"role": "system", "content": _PROBE_SYSTEM}, user])
+        full = self.render([{"role": "system", "content": _PROBE_SYSTEM}, user, reply, nxt])
+        tail = self.render([nxt])
+        start = head + _PROBE_REPLY
+        if not full.startswith(start) or not full.endswith(tail) or len(full) < len(start) + len(tail):
+            raise TemplateError(
+                "the chat template does not render [system, user, assistant, user] as "
+                "render([system, user]) + reply + close + render([user]): no token-in/token-out with it"
+            )
+        convention = TemplateConvention(full[len(start) : len(full) - len(tail)], gen_prompt)
+        self.convention = convention
+        tool_reply = {"role": "assistant", "content": "", "tool_calls": [_PROBE_CALL]}
+        tool_result = {"role": "tool", "tool_call_id": "call_probe", "content": "PROBE-RESULT"}
+        cases: list[tuple[list[Message], Any, list[Message], list[Message]]] = [
+            ([user], None, [reply], [nxt]),
+            ([user], _PROBE_TOOLS, [tool_reply], [tool_result]),
+            ([{"role": "system", "content": _PROBE_SYSTEM}, user], _PROBE_TOOLS, [tool_reply],
+             [tool_result, {**tool_result, "content": "PROBE-RESULT-2"}]),
+            ([user], _PROBE_TOOLS, [reply], [{"role": "system", "content": _PROBE_SYSTEM}, nxt]),
+        ]
+        for prompt, tools, replies, following in cases:
+            head = self.render(prompt, tools)
+            full = self.render([*prompt, *replies, *following], tools)
+            expected_tail = convention.turn_close + self.render_tail(following)
+            if not (full.startswith(head) and full.endswith(expected_tail)):
+                roles = [m["role"] for m in [*prompt, *replies, *following]]
+                raise TemplateError(
+                    f"the chat template does not split at the assistant turn for roles {roles} "
+                    f"(tools={'yes' if tools else 'no'}): no token-in/token-out with it"
+                )
+        return convention
+
+    @staticmethod
+    def _strip_prefix(text: str, prefix: str, problem: str) -> str:
+        if not text.startswith(prefix):
+            raise TemplateError(f"chat template: {problem}")
+        return text[len(prefix) :]
+
+
+def _eos_ids(path: Path, tokenizer: Any) -> set[int]:
+    ids: set[int] = set()
+    if getattr(tokenizer, "eos_token_id", None) is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    for name in ("generation_config.json", "config.json"):
+        try:
+            value = json.loads((path / name).read_text(encoding="utf-8")).get("eos_token_id")
+        except (OSError, ValueError):
+            continue
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, list):
+            ids.update(int(v) for v in value)
+    return ids
+
+
+def _byte_level_decoder(tokenizer: Any) -> dict[str, int] | None:
+    """char -> byte map when the vocabulary is byte-level BPE (GPT-2 / Qwen style), else None."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or "ByteLevel" not in type(getattr(backend, "decoder", None)).__name__ + repr(
+        getattr(backend, "decoder", None)
+    ):
+        return None
+    return {char: byte for byte, char in bytes_to_unicode().items()}
