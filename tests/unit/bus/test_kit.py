@@ -101,7 +101,7 @@ def test_a_bad_value_names_the_field_and_the_value(argv: list[str], named: str) 
 
 
 def test_strict_models_refuse_strings_and_unknown_keys() -> None:
-    with pytest.raises(KitError, match="^count='3': "):
+    with pytest.raises(KitError, match=r"^count='3': "):
         Example(name="a", count="3")  # type: ignore[arg-type]
     with pytest.raises(KitError, match="typo=1: unknown field"):
         Example(name="a", typo=1)  # type: ignore[call-arg]

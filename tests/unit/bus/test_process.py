@@ -88,7 +88,7 @@ def test_a_deadline_fails_the_wait_and_sigkill_follows_a_deaf_sigterm(tiny: Path
     proc = managed(tiny, "deaf").start()
     try:
         proc.wait_for_log("ready", timeout_s=30)
-        with pytest.raises(ProcessError, match="no log line 'never' within 0.3s"):
+        with pytest.raises(ProcessError, match=r"no log line 'never' within 0\.3s"):
             proc.wait_for_log("never", timeout_s=0.3)
         with pytest.raises(ProcessError, match="already running"):
             proc.start()
