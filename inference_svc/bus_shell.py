@@ -139,8 +139,7 @@ class InferenceBusShell:
                 log.exception("heartbeat failed", extra={"resource": self.rid})
 
     def heartbeat(self) -> Heartbeat:
-        engine: Any = self.controller.engine
-        stats = engine.stats()
+        stats = self.controller.engine.stats()
         activity = "paused" if stats.paused else ("rollout" if stats.running or stats.queued else "idle")
         return Heartbeat(
             resource_id=self.rid,
@@ -153,7 +152,7 @@ class InferenceBusShell:
         )
 
     def _engine_alive(self) -> bool:
-        return bool(getattr(self.controller.engine, "is_alive", True))
+        return self.controller.engine.is_alive
 
     def _control_loop(self) -> None:
         assert self._consumer is not None

@@ -2,7 +2,8 @@
 
 `InferenceController` turns PauseRollout / ResumeRollout / LoadWeights / abort commands into engine
 calls and returns what the acknowledgement events need (timings in ms, request counts). It drives any
-`EngineControl`: the in-process `NativeEngine`, or `client.RemoteEngineControl` for SGLang.
+`schemas.inference.control.EngineControl`: the in-process `NativeEngine`, or `client.RemoteEngineControl`
+for SGLang.
 A failed weight load is reported (ok=False, error=...) rather than raised, whatever it raised: the old
 weights stay live, and a pause the load made is lifted in every case, so the engine goes on serving.
 
@@ -25,40 +26,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 from urllib.parse import unquote, urlparse
 
 import torch
 
 from inference_svc.config import InferenceConfig
+from schemas.inference.control import EngineControl
 from schemas.inference.errors import InferenceError, InvalidRequestError
-from schemas.inference.types import PAUSE_MODES, EngineStats, WeightUpdateResult
+from schemas.inference.types import PAUSE_MODES
 
 logger = logging.getLogger(__name__)
-
-
-class EngineControl(Protocol):
-    """What the controller needs from an engine (NativeEngine and RemoteEngineControl provide it)."""
-
-    def pause(self, mode: str = "in_place") -> int: ...
-
-    def resume(self) -> None: ...
-
-    def update_weights_from_disk(
-        self,
-        model_path: Path | str,
-        weight_version: int | None = None,
-        *,
-        abort_all_requests: bool = False,
-        sha256: str | None = None,
-    ) -> WeightUpdateResult: ...
-
-    def abort_all(self) -> int: ...
-
-    def stats(self) -> EngineStats: ...
-
-    @property
-    def weight_version(self) -> int: ...
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 import httpx
 from pydantic import SecretStr
 
+from schemas.inference.control import EngineControl
 from schemas.inference.errors import InferenceHTTPError
 from schemas.inference.protocol import (
     ControlResponse,
@@ -196,7 +197,7 @@ def _http_error(response: httpx.Response) -> InferenceHTTPError:
     return InferenceHTTPError(response.status_code, "http_error", str(body)[:500])
 
 
-class RemoteEngineControl:
+class RemoteEngineControl(EngineControl):
     """Synchronous `EngineControl` over HTTP (for the controller driving SGLang or a remote engine)."""
 
     def __init__(self, base_url: str, *, timeout_s: float = 600.0, control_key: str | None = None) -> None:
@@ -262,6 +263,11 @@ class RemoteEngineControl:
             return int(reported or "")
         except ValueError:
             return self._last_version if self._last_version is not None else -1
+
+    @property
+    def is_alive(self) -> bool:
+        """Until `close`: the remote engine's own health is its supervisor's to watch (its /health)."""
+        return self._thread.is_alive()
 
     def close(self) -> None:
         self._run(self._client.aclose())
