@@ -48,103 +48,27 @@ Decisions to events (each with `cause` where the event has a field for it):
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import logging
-import uuid
-from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from scheduler_svc import decisions as core
-from scheduler_svc.errors import ConfigError, ReplayError
-from scheduler_svc.roofline import DEVICE_PRESETS, DeviceSpec
+from scheduler_svc.canonical import canonical_json, journal_event_id, ms, observation_json
+from scheduler_svc.decision_events import DecisionEvents
+from scheduler_svc.errors import ReplayError
+from scheduler_svc.inputs import TICK, EventInputs
+from scheduler_svc.pool import Resource
+from scheduler_svc.roofline import DeviceSpec
 from scheduler_svc.scheduler import Scheduler
 from schemas import events as ev
 
 log = logging.getLogger(__name__)
 
-#: uuid5 namespace of every id the scheduler derives (fixed forever: ids must survive upgrades).
-NAMESPACE = uuid.UUID("5b1f0c52-3d7e-4f4e-9a57-0c6e2f3d8a11")
-TICK = "tick"
-
-
-def decision_event_id(run_id: str, seq: int) -> str:
-    """Id of the `seq`-th decision event of a run (the same for every copy of it)."""
-    return uuid.uuid5(NAMESPACE, f"{run_id}/event/{seq}").hex
-
-
-def journal_event_id(run_id: str, seq: int) -> str:
-    return uuid.uuid5(NAMESPACE, f"{run_id}/observed/{seq}").hex
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, set | frozenset):
-        return sorted(value)
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return dataclasses.asdict(value)
-    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
-
-
-def canonical_json(value: Any) -> str:
-    """Sorted keys, no spaces: equal values give equal text (and digests)."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=_plain)
-
-
-def state_digest(state: Any) -> str:
-    return hashlib.sha256(canonical_json(state).encode("utf-8")).hexdigest()
-
-
-def observation_json(observation: core.Observation) -> dict[str, Any]:
-    fields = {f.name: getattr(observation, f.name) for f in dataclasses.fields(observation)}
-    return {"type": type(observation).__name__, **fields}
-
-
-def _ms(t: float) -> int:
-    return round(t * 1000)
-
-
-def device_of(event: ev.ResourceRegistered) -> DeviceSpec:
-    """The roofline spec of a registering resource: its declared per-device numbers times
-    `num_devices`, or the preset of its device kind when it declared none."""
-    count = max(event.num_devices, 1)
-    if event.peak_flops > 0 and event.hbm_bandwidth > 0 and event.memory_bytes > 0:
-        spec = DeviceSpec(event.device_kind or "unknown", event.peak_flops / 1e12, event.hbm_bandwidth / 1e12,
-                          event.memory_bytes / 1e9)
-    elif event.device_kind in DEVICE_PRESETS:
-        spec = DEVICE_PRESETS[event.device_kind]
-    else:
-        raise ConfigError(
-            f"ResourceRegistered of {event.resource_id!r}: peak_flops={event.peak_flops!r}, hbm_bandwidth="
-            f"{event.hbm_bandwidth!r}, memory_bytes={event.memory_bytes!r} and no preset for device_kind="
-            f"{event.device_kind!r} (presets: {sorted(DEVICE_PRESETS)})"
-        )
-    return spec.scaled(count)
-
-
-def token_versions_of(trajectory: ev.Trajectory) -> list[list[int]]:
-    """[[version, generated tokens], ...] of a trajectory: its loss-masked tokens by policy version."""
-    counts: Counter[int] = Counter()
-    for node in trajectory.nodes:
-        mask = np.asarray(node.loss_mask, dtype=bool)
-        versions = np.asarray(node.versions)
-        if len(mask) != len(versions):
-            continue  # a node without per-token versions
-        values, n = np.unique(versions[mask], return_counts=True)
-        for v, c in zip(values.tolist(), n.tolist(), strict=True):
-            if v >= 0:
-                counts[v] += c
-    return [[v, counts[v]] for v in sorted(counts)]
-
-
-def histogram(pairs: Iterable[tuple[int, int]]) -> tuple[int, ...]:
-    """((index, count), ...) as a dense tuple indexed by `index` (negative indexes dropped)."""
-    counts = {i: n for i, n in pairs if i >= 0}
-    return tuple(counts.get(i, 0) for i in range(max(counts, default=-1) + 1))
+#: what an input derives: the core observations, and whether it changed the shell's own state
+Derived = tuple[list[core.Observation], bool]
 
 
 @dataclass(frozen=True)
@@ -168,7 +92,7 @@ class Step:
     events: tuple[ev.Event, ...]
 
 
-class JournaledScheduler:
+class JournaledScheduler(EventInputs, DecisionEvents):
     """The core plus the shell's own state; every change goes through `observe` (or `replay`)."""
 
     def __init__(
@@ -200,56 +124,6 @@ class JournaledScheduler:
         self.dispatched = 0  # TaskDispatched events so far (their dense `seq`)
 
     # ---------------------------------------------------------------------------------- inputs
-
-    def input_of(self, event: ev.Event) -> dict[str, Any] | None:
-        """The facts of `event` the scheduler uses, as compact JSON-able data; None if it is no input.
-
-        Raises `ConfigError` for an input it cannot use (a poison message: dead-letter it).
-        """
-        if event.producer == self.producer:
-            return None  # the scheduler's own decisions (ResourceLost on `resources`, ...)
-        t = event.ts_ms / 1000.0
-        if isinstance(event, ev.ResourceRegistered):
-            device = dataclasses.asdict(device_of(event))
-            return {"kind": "registered", "t": t, "resource_id": event.resource_id, "device": device}
-        if isinstance(event, ev.Heartbeat):
-            return {"kind": "heartbeat", "t": t, "resource_id": event.resource_id}
-        if isinstance(event, ev.ResourceLost):
-            return {"kind": "down", "t": t, "resource_id": event.resource_id, "reason": event.reason or "reported_down"}
-        if isinstance(event, ev.Trajectory):
-            if not event.group_id:
-                return None
-            versions = token_versions_of(event)
-            return {"kind": "trajectory", "t": t, "group_id": event.group_id, "trajectory_id": event.trajectory_id,
-                    "reward": event.reward, "token_versions": versions}
-        if isinstance(event, ev.BatchReady):
-            return {"kind": "batch", "t": t, "group_id": event.group_id,
-                    "trajectory_ids": list(event.trajectory_ids), "num_samples": event.num_samples}
-        if isinstance(event, ev.WeightsPublished):
-            if self.model and event.model != self.model:
-                return None
-            return {"kind": "published", "t": t, "version": event.version, "uri": event.uri,
-                    "sha256": event.sha256, "step": event.step}
-        if isinstance(event, ev.TrainStepCompleted):
-            if event.run_id != self.run_id:
-                return None
-            if event.status == "skipped":
-                return {"kind": "step_skipped", "t": t, "step": event.step, "assignment_id": event.correlation_id,
-                        "reason": event.reason}
-            return {"kind": "step_done", "t": t, "step": event.step, "version": event.new_version,
-                    "assignment_id": event.correlation_id}
-        if isinstance(event, ev.WeightsLoaded):
-            return {"kind": "loaded", "t": t, "resource_id": event.resource_id, "version": event.version}
-        if isinstance(event, ev.ControlAck):
-            if event.command != "LoadWeights":
-                return None
-            return {"kind": "ack", "t": t, "resource_id": event.resource_id, "command_id": event.command_id,
-                    "ok": event.ok, "error": event.error}
-        return None
-
-    @staticmethod
-    def tick_input(t: float) -> dict[str, Any]:
-        return {"kind": TICK, "t": t}
 
     def seen(self, source: Source) -> bool:
         """Whether an input at or after `source` in its partition is already in the journal."""
@@ -286,7 +160,7 @@ class JournaledScheduler:
             events.extend(self._events(self.core.handle(observation), observation.t))
         record = ev.SchedulerObserved(
             event_id=journal_event_id(self.run_id, self.observed_seq),
-            ts_ms=_ms(float(facts["t"])) if ts_ms is None else ts_ms,
+            ts_ms=ms(float(facts["t"])) if ts_ms is None else ts_ms,
             producer=self.producer,
             correlation_id=self.run_id,
             run_id=self.run_id,
@@ -361,69 +235,82 @@ class JournaledScheduler:
 
     # ---------------------------------------------------------------------------------- derive
 
-    def _derive(self, facts: Mapping[str, Any]) -> tuple[list[core.Observation], bool]:
+    def _derive(self, facts: Mapping[str, Any]) -> Derived:
         """Core observations of one input and whether it changed the shell's own state."""
         kind, t = facts["kind"], float(facts["t"])
-        pool, loader = self.core.pool, self.core.loader
         if kind == TICK:
             return [core.Tick(t)], False
         if kind == "registered":
             return [core.ResourceRegistered(t, facts["resource_id"], DeviceSpec(**facts["device"]), 0)], False
         rid = facts.get("resource_id")
-        resource = pool.resources.get(rid) if isinstance(rid, str) else None
+        resource = self.core.pool.resources.get(rid) if isinstance(rid, str) else None
         alive = resource is not None and resource.alive
-        if kind == "heartbeat":
-            if resource is None or not alive or t - resource.last_heartbeat < self.coalesce_s:
-                return [], False
-            return [core.Heartbeat(t, resource.resource_id)], False
-        if kind == "down":
-            return ([core.ResourceDown(t, facts["resource_id"], facts["reason"])] if alive else []), False
-        if kind == "loaded":
-            version = int(facts["version"])
+        if kind in _RESOURCE_INPUTS:
             if resource is None or not alive:
                 return [], False
-            if resource.weights_version == version and not self._load_pending(resource.resource_id):
-                return [], False  # a second report of the same load (its ack and its WeightsLoaded event)
-            return [core.WeightsLoaded(t, facts["resource_id"], version)], False
-        if kind == "ack":
-            command = self.loads.get(facts["resource_id"])
-            if command is None or command[0] != facts["command_id"] or not alive:
-                return [], False
-            if facts["ok"]:
-                return self._derive({"kind": "loaded", "t": t, "resource_id": facts["resource_id"],
-                                     "version": command[1]})
-            return [core.ResourceDown(t, facts["resource_id"], "load_weights_failed")], False
+            return _RESOURCE_INPUTS[kind](self, t, facts, resource)
         if kind in ("trajectory", "batch"):
-            group = loader.groups.get(facts["group_id"])
-            if group is None or group.completed:
-                return [], False
-            if kind == "trajectory":
-                versions = tuple((int(v), int(n)) for v, n in facts["token_versions"])
-                return self._samples(t, group.group_id, group.n_samples, [facts["trajectory_id"]], versions,
-                                     facts["reward"]), False
-            ids = list(facts["trajectory_ids"]) + [f"#{i}" for i in range(group.n_samples)]
-            return self._samples(t, group.group_id, group.n_samples, ids, (), None), False
+            return self._derive_samples(kind, t, facts), False
         if kind == "published":
-            version = int(facts["version"])
-            if version in self.published:
-                return [], False
-            self.published[version] = (facts["uri"], facts["sha256"])
-            pending = self.pending_steps.pop(version, None)
-            return ([] if pending is None else self._step_done(t, pending[0], version, pending[1])), True
+            return self._derive_published(t, facts)
         if kind == "step_skipped":
             train = self.core.rollout.train
             if train is None or train.assignment_id != facts["assignment_id"]:
                 return [], False
             return [core.TrainStepSkipped(t, train.assignment_id, train.step, str(facts["reason"]))], False
         if kind == "step_done":
-            version, step = int(facts["version"]), int(facts["step"])
-            if version in self.published:
-                return self._step_done(t, step, version, facts["assignment_id"]), False
-            if self.pending_steps.get(version) == (step, facts["assignment_id"]):
-                return [], False
-            self.pending_steps[version] = (step, facts["assignment_id"])
-            return [], True
+            return self._derive_step_done(t, facts)
         raise ReplayError(f"unknown input kind {kind!r}")
+
+    def _derive_heartbeat(self, t: float, facts: Mapping[str, Any], resource: Resource) -> Derived:
+        if t - resource.last_heartbeat < self.coalesce_s:
+            return [], False
+        return [core.Heartbeat(t, resource.resource_id)], False
+
+    def _derive_down(self, t: float, facts: Mapping[str, Any], resource: Resource) -> Derived:
+        return [core.ResourceDown(t, facts["resource_id"], facts["reason"])], False
+
+    def _derive_loaded(self, t: float, facts: Mapping[str, Any], resource: Resource) -> Derived:
+        version = int(facts["version"])
+        if resource.weights_version == version and not self._load_pending(resource.resource_id):
+            return [], False  # a second report of the same load (its ack and its WeightsLoaded event)
+        return [core.WeightsLoaded(t, facts["resource_id"], version)], False
+
+    def _derive_ack(self, t: float, facts: Mapping[str, Any], resource: Resource) -> Derived:
+        command = self.loads.get(facts["resource_id"])
+        if command is None or command[0] != facts["command_id"]:
+            return [], False
+        if facts["ok"]:
+            return self._derive_loaded(t, {"resource_id": facts["resource_id"], "version": command[1]}, resource)
+        return [core.ResourceDown(t, facts["resource_id"], "load_weights_failed")], False
+
+    def _derive_samples(self, kind: str, t: float, facts: Mapping[str, Any]) -> list[core.Observation]:
+        group = self.core.loader.groups.get(facts["group_id"])
+        if group is None or group.completed:
+            return []
+        if kind == "trajectory":
+            versions = tuple((int(v), int(n)) for v, n in facts["token_versions"])
+            return self._samples(t, group.group_id, group.n_samples, [facts["trajectory_id"]], versions,
+                                 facts["reward"])
+        ids = list(facts["trajectory_ids"]) + [f"#{i}" for i in range(group.n_samples)]
+        return self._samples(t, group.group_id, group.n_samples, ids, (), None)
+
+    def _derive_published(self, t: float, facts: Mapping[str, Any]) -> Derived:
+        version = int(facts["version"])
+        if version in self.published:
+            return [], False
+        self.published[version] = (facts["uri"], facts["sha256"])
+        pending = self.pending_steps.pop(version, None)
+        return ([] if pending is None else self._step_done(t, pending[0], version, pending[1])), True
+
+    def _derive_step_done(self, t: float, facts: Mapping[str, Any]) -> Derived:
+        version, step = int(facts["version"]), int(facts["step"])
+        if version in self.published:
+            return self._step_done(t, step, version, facts["assignment_id"]), False
+        if self.pending_steps.get(version) == (step, facts["assignment_id"]):
+            return [], False
+        self.pending_steps[version] = (step, facts["assignment_id"])
+        return [], True
 
     def _load_pending(self, resource_id: str) -> bool:
         sync = self.core.rollout.syncs.get(self.core.rollout.resource_sync.get(resource_id, ""))
@@ -454,80 +341,11 @@ class JournaledScheduler:
             return []
         return [core.TrainStepCompleted(t, train.assignment_id, train.step, version)]
 
-    # ---------------------------------------------------------------------------------- decisions -> events
 
-    def _meta(self, ts_ms: int, correlation_id: str) -> dict[str, Any]:
-        event_id = decision_event_id(self.run_id, self.event_seq)
-        self.event_seq += 1
-        return {"event_id": event_id, "ts_ms": ts_ms, "producer": self.producer, "correlation_id": correlation_id}
-
-    def _events(self, decisions: Sequence[core.Decision], t: float) -> list[ev.Event]:
-        ts = _ms(t)
-        kinds = {d.assignment_id: d.task_kind for d in decisions if isinstance(d, core.Assignment)}
-        out: list[ev.Event] = []
-        for d in decisions:
-            if isinstance(d, core.Preemption):
-                for rid in d.resource_ids:
-                    by = d.by_assignment_id or ""
-                    out.append(ev.Preemption(**self._meta(ts, d.assignment_id), resource_id=rid,
-                                             preempted_task=d.task_kind, by_task=kinds.get(by, ""),
-                                             assignment_id=by, reason=d.cause))
-            else:
-                out.append(self._event(d, ts))
-        return out
-
-    def _event(self, d: core.Decision, ts: int) -> ev.Event:
-        if isinstance(d, core.TagTransition):
-            return ev.TagTransition(**self._meta(ts, d.resource_id), resource_id=d.resource_id,
-                                    tag_kind=ev.TagKind(d.tag_kind), from_tags=d.from_tags, to_tags=d.to_tags,
-                                    cause=d.cause)
-        if isinstance(d, core.Assignment):
-            return self._assignment(d, ts)
-        if isinstance(d, core.ResourceLost):
-            return ev.ResourceLost(**self._meta(ts, d.resource_id), resource_id=d.resource_id, reason=d.cause)
-        if isinstance(d, core.PauseRollout):
-            return ev.PauseRollout(**self._meta(ts, d.resource_id), resource_id=d.resource_id,
-                                   mode=ev.PauseMode(d.mode), reason=d.cause)
-        if isinstance(d, core.ResumeRollout):
-            return ev.ResumeRollout(**self._meta(ts, d.resource_id), resource_id=d.resource_id, reason=d.cause)
-        if isinstance(d, core.LoadWeights):
-            uri, sha256 = self.published.get(d.version, (self.initial_weights_uri if d.version == 0 else "", ""))
-            load = ev.LoadWeights(**self._meta(ts, d.sync_id), resource_id=d.resource_id, version=d.version,
-                                  uri=uri, sha256=sha256)
-            self.loads[d.resource_id] = (load.event_id, d.version)
-            return load
-        if isinstance(d, core.WeightSyncStarted):
-            return ev.WeightSyncStarted(**self._meta(ts, d.sync_id), model=self.model, sync_id=d.sync_id,
-                                        version=d.version, resource_ids=d.resource_ids)
-        if isinstance(d, core.WeightSyncCompleted):
-            return ev.WeightSyncCompleted(**self._meta(ts, d.sync_id), model=self.model, sync_id=d.sync_id,
-                                          version=d.version, resource_ids=d.resource_ids)
-        if isinstance(d, core.TrainData):
-            return ev.TrainData(**self._meta(ts, d.assignment_id), run_id=self.run_id, assignment_id=d.assignment_id,
-                                step=d.step, group_ids=d.group_ids, group_versions=d.group_versions,
-                                staleness_histogram=histogram(d.token_lags), final=d.final)
-        if isinstance(d, core.TaskDispatched):
-            self.dispatched += 1
-            return ev.TaskDispatched(**self._meta(ts, d.group_id), task_id=d.task_id, group_id=d.group_id,
-                                     n_samples=d.n_samples, payload=canonical_json(dict(d.payload)),
-                                     policy_version=d.policy_version, seq=self.dispatched - 1)
-        if isinstance(d, core.TaskCompleted | core.TaskAborted):
-            self.samples.pop(d.group_id, None)
-            total, count = self.rewards.pop(d.group_id, (0.0, 0))
-            aborted = "aborted" if isinstance(d, core.TaskAborted) and d.regenerate else "dropped"
-            status = "completed" if isinstance(d, core.TaskCompleted) else aborted
-            return ev.TaskCompleted(**self._meta(ts, d.group_id), task_id=d.task_id, group_id=d.group_id,
-                                    num_samples=d.n_samples, mean_reward=total / count if count else 0.0,
-                                    status=status)
-        raise ReplayError(f"no event for decision {type(d).__name__}")  # pragma: no cover - Decision is closed
-
-    def _assignment(self, d: core.Assignment, ts: int) -> ev.Assignment:
-        version = d.policy_version
-        if version is None:
-            loaded = self.core.pool.get(d.resource_ids[0]).weights_version
-            version = self.core.version if loaded is None else loaded
-        payload = {"cause": d.cause, "work": list(d.work), "run_id": self.run_id}
-        return ev.Assignment(**self._meta(ts, d.assignment_id), assignment_id=d.assignment_id,
-                             task_kind=d.task_kind, resource_ids=d.resource_ids,
-                             step=-1 if d.step is None else d.step, policy_version=version,
-                             payload=canonical_json(payload))
+#: inputs about one resource, ignored unless it is registered and alive
+_RESOURCE_INPUTS: dict[str, Callable[[JournaledScheduler, float, Mapping[str, Any], Resource], Derived]] = {
+    "heartbeat": JournaledScheduler._derive_heartbeat,
+    "down": JournaledScheduler._derive_down,
+    "loaded": JournaledScheduler._derive_loaded,
+    "ack": JournaledScheduler._derive_ack,
+}

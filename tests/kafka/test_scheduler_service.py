@@ -24,9 +24,10 @@ import pytest
 from bus.config import BusConfig
 from bus.consumer import EventConsumer, unique_group
 from bus.producer import EventProducer
+from scheduler_svc.canonical import decision_event_id
 from scheduler_svc.config import SchedulerServiceConfig
 from scheduler_svc.errors import ConfigError, ReplayError
-from scheduler_svc.journal import Source, decision_event_id
+from scheduler_svc.journal import Source
 from scheduler_svc.service import new_scheduler, read_journal, rebuild
 from schemas import events as ev
 from schemas.packed import Float32s, Int32s, UInt8s
