@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import openai
 
@@ -44,18 +44,22 @@ def retries_covering(budget_s: float) -> int:
     return retries
 
 
-class _IdempotentClient(openai.OpenAI):
-    """`openai.OpenAI` sending an idempotency key (one per request, kept across its retries)."""
+class _IdempotencyKeys:
+    """Makes an openai client send an idempotency key (one per request, kept across its retries)."""
+
+    _idempotency_header: str | None
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._idempotency_header = IDEMPOTENCY_HEADER  # None in openai's client: no key is sent
 
 
-class _AsyncIdempotentClient(openai.AsyncOpenAI):
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self._idempotency_header = IDEMPOTENCY_HEADER
+class _IdempotentClient(_IdempotencyKeys, openai.OpenAI):
+    pass
+
+
+class _AsyncIdempotentClient(_IdempotencyKeys, openai.AsyncOpenAI):
+    pass
 
 
 def session_headers(session_id: str, task_id: str = "", group_id: str = "") -> dict[str, str]:
@@ -67,9 +71,21 @@ def session_headers(session_id: str, task_id: str = "", group_id: str = "") -> d
     return headers
 
 
-class _SessionBase:
-    def __init__(self, session_id: str | None, task_id: str, group_id: str, max_retries: int | None,
-                 end_max_retries: int | None, retry_budget_s: float) -> None:
+def _reward_request(session_id: str, reward: float, status: str | None) -> tuple[str, dict[str, Any]]:
+    return f"/sessions/{session_id}/reward", {"reward": reward} | ({"status": status} if status else {})
+
+
+_Client = TypeVar("_Client", openai.OpenAI, openai.AsyncOpenAI)
+
+
+class _SessionBase(Generic[_Client]):
+    """What a session is and sends; the sync and async sessions differ only in how they send it."""
+
+    _client_class: type[_Client]
+
+    def __init__(self, base_url: str, api_key: str, *, session_id: str | None = None, task_id: str = "",
+                 group_id: str = "", timeout_s: float = 600.0, max_retries: int | None = None,
+                 end_max_retries: int | None = None, retry_budget_s: float = RETRY_BUDGET_S) -> None:
         self.session_id = session_id or f"s-{uuid.uuid4().hex}"
         self.task_id = task_id
         self.group_id = group_id
@@ -81,6 +97,8 @@ class _SessionBase:
         # Ending a session is what makes its trajectory exist (even a failed one, so its task group
         # completes): it is retried through a restart even when the calls were told not to retry.
         self.end_max_retries = covering if end_max_retries is None else end_max_retries
+        self.client: _Client = self._client_class(base_url=base_url, api_key=api_key, default_headers=self.headers,
+                                                  timeout=timeout_s, max_retries=self.max_retries)
 
     @property
     def headers(self) -> dict[str, str]:
@@ -91,33 +109,40 @@ class _SessionBase:
             return f"/sessions/{self.session_id}/end", {"reward": self.reward or 0.0, "status": "failed"}
         return f"/sessions/{self.session_id}/end", {"reward": self.reward, "status": self.status}
 
-
-class AgentSession(_SessionBase):
-    """A session over `openai.OpenAI` (see the module doc)."""
-
-    def __init__(self, base_url: str, api_key: str, *, session_id: str | None = None, task_id: str = "",
-                 group_id: str = "", timeout_s: float = 600.0, max_retries: int | None = None,
-                 end_max_retries: int | None = None, retry_budget_s: float = RETRY_BUDGET_S) -> None:
-        super().__init__(session_id, task_id, group_id, max_retries, end_max_retries, retry_budget_s)
-        self.client: openai.OpenAI = _IdempotentClient(
-            base_url=base_url, api_key=api_key, default_headers=self.headers, timeout=timeout_s,
-            max_retries=self.max_retries)
-
-    def end(self, reward: float | None = None, status: str = "completed") -> dict[str, Any]:
-        """Ends the session now (reward None: the reward comes later through `report_reward`)."""
+    def _end_with(self, reward: float | None, status: str) -> tuple[str, dict[str, Any]]:
         self.reward, self.status = reward, status
-        return self._post(*self._end_request(None))
+        return self._end_request(None)
 
-    def report_reward(self, reward: float, status: str | None = None) -> dict[str, Any]:
-        body: dict[str, Any] = {"reward": reward} | ({"status": status} if status else {})
-        return self._post(f"/sessions/{self.session_id}/reward", body)
+    def _sender(self, max_retries: int | None) -> _Client:
+        return self.client if max_retries is None else self.client.with_options(max_retries=max_retries)
 
-    def _post(self, path: str, body: dict[str, Any], max_retries: int | None = None) -> dict[str, Any]:
-        client = self.client if max_retries is None else self.client.with_options(max_retries=max_retries)
-        result: dict[str, Any] = client.post(path, body=body, cast_to=dict)
+    def _answered(self, path: str, result: dict[str, Any]) -> dict[str, Any]:
         if path.endswith("/end"):
             self.ended = result
         return result
+
+    def _end_failed(self, exc: BaseException | None, error: openai.OpenAIError) -> None:
+        """Ending on exit failed: raised if the block went well, else logged (the block's exception is
+        the one that propagates)."""
+        if exc is None:
+            raise error
+        logger.exception("could not end session %s after a failure", self.session_id)
+
+
+class AgentSession(_SessionBase[openai.OpenAI]):
+    """A session over `openai.OpenAI` (see the module doc)."""
+
+    _client_class = _IdempotentClient
+
+    def end(self, reward: float | None = None, status: str = "completed") -> dict[str, Any]:
+        """Ends the session now (reward None: the reward comes later through `report_reward`)."""
+        return self._post(*self._end_with(reward, status))
+
+    def report_reward(self, reward: float, status: str | None = None) -> dict[str, Any]:
+        return self._post(*_reward_request(self.session_id, reward, status))
+
+    def _post(self, path: str, body: dict[str, Any], max_retries: int | None = None) -> dict[str, Any]:
+        return self._answered(path, self._sender(max_retries).post(path, body=body, cast_to=dict))
 
     def close(self) -> None:
         self.client.close()
@@ -130,39 +155,25 @@ class AgentSession(_SessionBase):
             if self.ended is None:
                 try:
                     self._post(*self._end_request(exc), max_retries=self.end_max_retries)
-                except openai.OpenAIError:
-                    if exc is None:
-                        raise
-                    logger.exception("could not end session %s after a failure", self.session_id)
+                except openai.OpenAIError as error:
+                    self._end_failed(exc, error)
         finally:
             self.close()
 
 
-class AsyncAgentSession(_SessionBase):
+class AsyncAgentSession(_SessionBase[openai.AsyncOpenAI]):
     """A session over `openai.AsyncOpenAI` (`async with`)."""
 
-    def __init__(self, base_url: str, api_key: str, *, session_id: str | None = None, task_id: str = "",
-                 group_id: str = "", timeout_s: float = 600.0, max_retries: int | None = None,
-                 end_max_retries: int | None = None, retry_budget_s: float = RETRY_BUDGET_S) -> None:
-        super().__init__(session_id, task_id, group_id, max_retries, end_max_retries, retry_budget_s)
-        self.client: openai.AsyncOpenAI = _AsyncIdempotentClient(
-            base_url=base_url, api_key=api_key, default_headers=self.headers, timeout=timeout_s,
-            max_retries=self.max_retries)
+    _client_class = _AsyncIdempotentClient
 
     async def end(self, reward: float | None = None, status: str = "completed") -> dict[str, Any]:
-        self.reward, self.status = reward, status
-        return await self._post(*self._end_request(None))
+        return await self._post(*self._end_with(reward, status))
 
     async def report_reward(self, reward: float, status: str | None = None) -> dict[str, Any]:
-        body: dict[str, Any] = {"reward": reward} | ({"status": status} if status else {})
-        return await self._post(f"/sessions/{self.session_id}/reward", body)
+        return await self._post(*_reward_request(self.session_id, reward, status))
 
     async def _post(self, path: str, body: dict[str, Any], max_retries: int | None = None) -> dict[str, Any]:
-        client = self.client if max_retries is None else self.client.with_options(max_retries=max_retries)
-        result: dict[str, Any] = await client.post(path, body=body, cast_to=dict)
-        if path.endswith("/end"):
-            self.ended = result
-        return result
+        return self._answered(path, await self._sender(max_retries).post(path, body=body, cast_to=dict))
 
     async def __aenter__(self) -> AsyncAgentSession:
         return self
@@ -172,10 +183,8 @@ class AsyncAgentSession(_SessionBase):
             if self.ended is None:
                 try:
                     await self._post(*self._end_request(exc), max_retries=self.end_max_retries)
-                except openai.OpenAIError:
-                    if exc is None:
-                        raise
-                    logger.exception("could not end session %s after a failure", self.session_id)
+                except openai.OpenAIError as error:
+                    self._end_failed(exc, error)
         finally:
             await self.client.close()
 
@@ -183,7 +192,7 @@ class AsyncAgentSession(_SessionBase):
 def report_reward_later(base_url: str, api_key: str, session_id: str, reward: float,
                         status: str | None = None) -> dict[str, Any]:
     """The reward of a session that ended without one (e.g. from a verifier in another process)."""
-    body: dict[str, Any] = {"reward": reward} | ({"status": status} if status else {})
+    path, body = _reward_request(session_id, reward, status)
     with _IdempotentClient(base_url=base_url, api_key=api_key, max_retries=retries_covering(RETRY_BUDGET_S)) as client:
-        result: dict[str, Any] = client.post(f"/sessions/{session_id}/reward", body=body, cast_to=dict)
+        result: dict[str, Any] = client.post(path, body=body, cast_to=dict)
         return result
