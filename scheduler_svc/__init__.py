@@ -67,13 +67,14 @@ from scheduler_svc.decisions import (
     WeightSyncStarted,
 )
 from scheduler_svc.errors import SchedulerError
-from scheduler_svc.loader import StreamingDataLoader, Task, TaskDataset
+from scheduler_svc.loader import StreamingDataLoader
 from scheduler_svc.policies import TagGroup, TagPolicy, colocated, disaggregated, spatiotemporal
 from scheduler_svc.pool import ResourcePool
 from scheduler_svc.rollout_manager import RolloutManager
 from scheduler_svc.roofline import DEVICE_PRESETS, DeviceSpec, device_preset, train_priority
 from scheduler_svc.scheduler import Scheduler
 from scheduler_svc.settings import SchedulerSettings
+from scheduler_svc.tasks import Task, TaskDataset
 
 __all__ = [
     "DEVICE_PRESETS",

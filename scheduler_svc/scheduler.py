@@ -29,12 +29,13 @@ from scheduler_svc.decisions import (
     WeightSyncStarted,
 )
 from scheduler_svc.errors import SchedulerError
-from scheduler_svc.loader import GroupState, StreamingDataLoader, Task
+from scheduler_svc.loader import GroupState, StreamingDataLoader
 from scheduler_svc.policies import TagPolicy
 from scheduler_svc.pool import ResourcePool
 from scheduler_svc.rollout_manager import RolloutManager
 from scheduler_svc.settings import SchedulerSettings
 from scheduler_svc.tags import ROLLOUT, TRAIN, WEIGHT_SYNC
+from scheduler_svc.tasks import Task
 
 log = logging.getLogger(__name__)
 

@@ -69,8 +69,8 @@ from bus.topics import topic_of
 from scheduler_svc.config import SchedulerServiceConfig
 from scheduler_svc.errors import ReplayError, SchedulerError
 from scheduler_svc.journal import JournaledScheduler, Source, Step
-from scheduler_svc.loader import Task, TaskDataset
 from scheduler_svc.scheduler import Scheduler
+from scheduler_svc.tasks import Task, TaskDataset
 from schemas import events as ev
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,6 @@ from typing import Any
 
 from scheduler_svc.decisions import Observation
 from scheduler_svc.errors import ConfigError
-from scheduler_svc.loader import Task
 from scheduler_svc.roofline import DeviceSpec
 from scheduler_svc.scheduler import Scheduler
 from scheduler_svc.settings import SchedulerSettings
@@ -25,6 +24,7 @@ from scheduler_svc.sim.model import DevicePerf, ModelSpec, model_preset
 from scheduler_svc.sim.pipelines import pipeline_policy
 from scheduler_svc.sim.records import Device, Group, QueueEntry, StepStats, TrainJob
 from scheduler_svc.sim.workload import Workload, workload_preset
+from scheduler_svc.tasks import Task
 
 #: an engine must hold at least one maximum-length (64K) trajectory in its KV cache
 MIN_KV_TOKENS = 65_536

@@ -26,12 +26,12 @@ from scheduler_svc.decisions import (
     TrainStepCompleted,
     WeightsLoaded,
 )
-from scheduler_svc.loader import Task, TaskDataset
 from scheduler_svc.policies import TagPolicy
 from scheduler_svc.roofline import device_preset
 from scheduler_svc.scheduler import Scheduler
 from scheduler_svc.settings import SchedulerSettings
 from scheduler_svc.tags import TRAIN
+from scheduler_svc.tasks import Task, TaskDataset
 
 
 def make_tasks(count: int) -> TaskDataset:

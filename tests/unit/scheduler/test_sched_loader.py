@@ -13,9 +13,10 @@ from hypothesis import strategies as st
 
 from scheduler_svc.decisions import SampleCompleted, TaskAborted, TaskCompleted, TaskDispatched
 from scheduler_svc.errors import LoaderError, ReplayError
-from scheduler_svc.loader import StreamingDataLoader, Task, TaskDataset
+from scheduler_svc.loader import StreamingDataLoader
 from scheduler_svc.policies import colocated, spatiotemporal
 from scheduler_svc.scheduler import Scheduler
+from scheduler_svc.tasks import Task, TaskDataset
 
 pytestmark = pytest.mark.unit
 
