@@ -10,10 +10,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from scheduler_svc import decisions as core_decisions
-from scheduler_svc.canonical import canonical_json, decision_event_id, histogram, ms
+from scheduler_svc.canonical import decision_event_id, histogram, ms
 from scheduler_svc.errors import ReplayError
 from scheduler_svc.scheduler import Scheduler
 from schemas import events as ev
+from schemas.payloads import AssignmentPayload, TaskPayload
 
 
 class DecisionEvents:
@@ -85,7 +86,7 @@ class DecisionEvents:
         if isinstance(d, core_decisions.TaskDispatched):
             self.dispatched += 1
             return ev.TaskDispatched(**self._meta(ts, d.group_id), task_id=d.task_id, group_id=d.group_id,
-                                     n_samples=d.n_samples, payload=canonical_json(dict(d.payload)),
+                                     n_samples=d.n_samples, payload=TaskPayload(d.payload).to_json(),
                                      policy_version=d.policy_version, seq=self.dispatched - 1)
         if isinstance(d, core_decisions.TaskCompleted | core_decisions.TaskAborted):
             self.samples.pop(d.group_id, None)
@@ -102,8 +103,8 @@ class DecisionEvents:
         if version is None:
             loaded = self.core.pool.get(d.resource_ids[0]).weights_version
             version = self.core.version if loaded is None else loaded
-        payload = {"cause": d.cause, "work": list(d.work), "run_id": self.run_id}
+        payload = AssignmentPayload(cause=d.cause, work=d.work, run_id=self.run_id)
         return ev.Assignment(**self._meta(ts, d.assignment_id), assignment_id=d.assignment_id,
                              task_kind=d.task_kind, resource_ids=d.resource_ids,
                              step=-1 if d.step is None else d.step, policy_version=version,
-                             payload=canonical_json(payload))
+                             payload=payload.to_json())

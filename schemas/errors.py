@@ -27,3 +27,7 @@ class UnknownFingerprintError(DecodeError):
 
 class SchemaDefinitionError(SchemaError):
     """An .avsc file is invalid or breaks the evolution rule."""
+
+
+class PayloadError(SchemaError):
+    """A JSON payload carried inside an event (`schemas.payloads`) is malformed; the message names the field."""
