@@ -272,7 +272,8 @@ class JournaledScheduler(EventInputs, DecisionEvents):
 
     def _derive_loaded(self, t: float, facts: Mapping[str, Any], resource: Resource) -> Derived:
         version = int(facts["version"])
-        if resource.weights_version == version and not self._load_pending(resource.resource_id):
+        pending = self.core.rollout.weight_syncs.load_pending(resource.resource_id)
+        if resource.weights_version == version and not pending:
             return [], False  # a second report of the same load (its ack and its WeightsLoaded event)
         return [core.WeightsLoaded(t, facts["resource_id"], version)], False
 
@@ -311,10 +312,6 @@ class JournaledScheduler(EventInputs, DecisionEvents):
             return [], False
         self.pending_steps[version] = (step, facts["assignment_id"])
         return [], True
-
-    def _load_pending(self, resource_id: str) -> bool:
-        sync = self.core.rollout.syncs.get(self.core.rollout.resource_sync.get(resource_id, ""))
-        return sync is not None and resource_id in sync.pending
 
     def _samples(self, t: float, group_id: str, n_samples: int, trajectory_ids: Sequence[str],
                  token_versions: tuple[tuple[int, int], ...], reward: float | None) -> list[core.Observation]:

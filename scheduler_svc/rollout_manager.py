@@ -57,13 +57,11 @@ from scheduler_svc.decisions import (
     PauseRollout,
     Preemption,
     Record,
-    ResourceLost,
     ResumeRollout,
     TagTransition,
     TrainData,
     TrainStepCompleted,
     TrainStepSkipped,
-    WeightsLoaded,
     WeightSyncCompleted,
     WeightSyncStarted,
 )
@@ -72,6 +70,7 @@ from scheduler_svc.policies import StragglerRule, TagPolicy
 from scheduler_svc.pool import ResourcePool
 from scheduler_svc.settings import SchedulerSettings
 from scheduler_svc.tags import ACTIVITY, IDLE, OFFLINE, ROLLOUT, TRAIN, WEIGHT_SYNC
+from scheduler_svc.weight_syncs import WeightSyncLedger
 
 Emit = Callable[[Decision], None]
 
@@ -98,16 +97,6 @@ class TrainState:
         }
 
 
-@dataclass
-class SyncState:
-    version: int
-    members: list[str] = field(default_factory=list)
-    pending: set[str] = field(default_factory=set)
-
-    def snapshot(self) -> dict[str, Any]:
-        return {"version": self.version, "members": tuple(self.members), "pending": tuple(sorted(self.pending))}
-
-
 class RolloutManager:
     def __init__(
         self, pool: ResourcePool, loader: StreamingDataLoader, policy: TagPolicy, settings: SchedulerSettings
@@ -117,11 +106,8 @@ class RolloutManager:
         self.policy = policy
         self.settings = settings
         self.version = 0  # latest policy version published by the trainer
-        self.serving_version = 0  # latest version a fleet-wide weight sync was started for
         self.train: TrainState | None = None
-        self.syncs: dict[str, SyncState] = {}
-        self.resource_sync: dict[str, str] = {}
-        self.next_sync_seq = 0
+        self.weight_syncs = WeightSyncLedger()
         self.now = 0.0
         self.idle_since: float | None = None  # when the trainer last became free (batch timeout)
         self.steps_completed = 0
@@ -159,21 +145,18 @@ class RolloutManager:
             later_steps = eta
         return still_needed + later_steps * b - self.loader.unassigned_outstanding
 
-    def _new_sync_id(self) -> str:
-        return f"sync{self.next_sync_seq}"
-
     # ---------------------------------------------------------------------------------- planners
 
     def start_weight_sync(self, emit: Emit) -> None:
         """A new version exists: pause every rolling-out resource in place and load it."""
-        if self.version <= self.serving_version:
+        if self.version <= self.weight_syncs.serving_version:
             return
         members = [
             r
             for r in self.pool.resources.values()
             if r.alive and ROLLOUT in r.capabilities and r.activity in (ROLLOUT, WEIGHT_SYNC)
         ]
-        sync_id = self._new_sync_id()
+        sync_id = self.weight_syncs.new_sync_id()
         emit(WeightSyncStarted(sync_id, self.version, tuple(r.resource_id for r in members)))
         for r in members:
             if r.activity == ROLLOUT:
@@ -272,7 +255,7 @@ class RolloutManager:
                         emit(d)
                     emit(ResumeRollout(r.resource_id, self.version, cause))
                 else:
-                    sync_id = self._new_sync_id()
+                    sync_id = self.weight_syncs.new_sync_id()
                     emit(WeightSyncStarted(sync_id, self.version, (r.resource_id,)))
                     emit(TagTransition(r.resource_id, ACTIVITY, (r.activity,), (WEIGHT_SYNC,), cause))
                     emit(LoadWeights(r.resource_id, self.version, sync_id, cause))
@@ -281,7 +264,7 @@ class RolloutManager:
 
     def finish_weight_syncs(self, emit: Emit) -> None:
         """Resume the members of every sync group whose loads were all acknowledged."""
-        for sync_id, sync in list(self.syncs.items()):
+        for sync_id, sync in list(self.weight_syncs.syncs.items()):
             if sync.pending or not sync.members:
                 continue
             members = tuple(sync.members)
@@ -320,19 +303,8 @@ class RolloutManager:
         handler = _APPLY.get(type(record))
         if handler is not None:
             handler(self, record)
-
-    def _leave_sync(self, resource_id: str) -> None:
-        sync_id = self.resource_sync.pop(resource_id, None)
-        if sync_id is None:
-            return
-        sync = self.syncs.get(sync_id)
-        if sync is None:
-            return
-        if resource_id in sync.members:
-            sync.members.remove(resource_id)
-        sync.pending.discard(resource_id)
-        if not sync.members:
-            del self.syncs[sync_id]
+        else:
+            self.weight_syncs.apply(record)
 
     def _apply_assignment(self, d: Assignment) -> None:
         if d.task_kind == TRAIN:
@@ -371,53 +343,11 @@ class RolloutManager:
         self.train = None
         self.idle_since = obs.t
 
-    def _apply_sync_started(self, d: WeightSyncStarted) -> None:
-        self.next_sync_seq += 1
-        self.serving_version = max(self.serving_version, d.version)
-        if d.resource_ids:
-            self.syncs[d.sync_id] = SyncState(d.version)
-
-    def _apply_load(self, d: LoadWeights) -> None:
-        if self.resource_sync.get(d.resource_id) != d.sync_id:
-            self._leave_sync(d.resource_id)
-        sync = self.syncs.setdefault(d.sync_id, SyncState(d.version))
-        if d.resource_id not in sync.members:
-            sync.members.append(d.resource_id)
-        sync.pending.add(d.resource_id)
-        self.resource_sync[d.resource_id] = d.sync_id
-
-    def _apply_loaded(self, obs: WeightsLoaded) -> None:
-        sync_id = self.resource_sync.get(obs.resource_id)
-        if sync_id is None:
-            return
-        sync = self.syncs.get(sync_id)
-        if sync is not None and sync.version == obs.version:
-            sync.pending.discard(obs.resource_id)
-
-    def _apply_sync_completed(self, d: WeightSyncCompleted) -> None:
-        self.syncs.pop(d.sync_id, None)
-        for rid in d.resource_ids:
-            if self.resource_sync.get(rid) == d.sync_id:
-                del self.resource_sync[rid]
-
-    def _apply_tag(self, d: TagTransition) -> None:
-        if d.tag_kind == ACTIVITY and d.from_tags == (WEIGHT_SYNC,):
-            self._leave_sync(d.resource_id)
-
-    def _apply_resume(self, d: ResumeRollout) -> None:
-        self._leave_sync(d.resource_id)
-
-    def _apply_lost(self, d: ResourceLost) -> None:
-        self._leave_sync(d.resource_id)
-
     def snapshot(self) -> dict[str, Any]:
         return {
             "version": self.version,
-            "serving_version": self.serving_version,
             "train": None if self.train is None else self.train.snapshot(),
-            "syncs": {sid: s.snapshot() for sid, s in self.syncs.items()},
-            "resource_sync": dict(sorted(self.resource_sync.items())),
-            "next_sync_seq": self.next_sync_seq,
+            **self.weight_syncs.snapshot(),
             "now": self.now,
             "idle_since": self.idle_since,
             "steps_completed": self.steps_completed,
@@ -433,11 +363,4 @@ _APPLY: dict[type, Any] = {
     Preemption: RolloutManager._apply_preemption,
     TrainStepCompleted: RolloutManager._apply_step_completed,
     TrainStepSkipped: RolloutManager._apply_step_skipped,
-    WeightSyncStarted: RolloutManager._apply_sync_started,
-    LoadWeights: RolloutManager._apply_load,
-    WeightsLoaded: RolloutManager._apply_loaded,
-    WeightSyncCompleted: RolloutManager._apply_sync_completed,
-    TagTransition: RolloutManager._apply_tag,
-    ResumeRollout: RolloutManager._apply_resume,
-    ResourceLost: RolloutManager._apply_lost,
 }
