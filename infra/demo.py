@@ -1,21 +1,20 @@
 """The main job (`make demo`, `sflow train --config FILE`): a short agentic RL run through every service.
 
-It starts Kafka (unless one is running), makes the default model and warms it up on ideal
-tool-using conversations, writes the task dataset, launches the services — analytics sink,
-trajectory processor, scheduler, N inference resources pinned to their cores, trainer, capture
-proxy, rollout workers running the calculator agent through the OpenAI client — and follows the
-run on the bus with progress bars. At the end it prints a summary, draws charts under the run
+It starts Kafka (unless one is running), makes the default model and warms it up on the example's
+demonstrations, writes the example's tasks file (infra/run_inputs.py), launches the services —
+analytics sink, trajectory processor, scheduler, N inference resources pinned to their cores,
+trainer, capture proxy, rollout workers running the example's agent through the OpenAI client (the
+config's `example`: the calculator in `infra/configs/demo.yaml`) — and follows the run on the bus
+with progress bars. At the end it prints a summary, draws charts under the run
 folder, and stops everything it started.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
 import secrets
-import shutil
 import signal
 import socket
 import time
@@ -25,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from bus.admin import ensure_topics
@@ -36,78 +35,17 @@ from infra.kafka.cluster import REPO_ROOT, KafkaCluster
 from infra.launcher import Launcher, ServiceSpec
 from infra.monitor import RunMonitor, RunState
 from infra.run_config import RunConfig
+from infra.run_inputs import RunPaths, prepare_model, write_tasks
 
 log = logging.getLogger("sflow.demo")
 console = Console()
 MODEL_NAME = "sflow-default"
 
 
-@dataclass(frozen=True)
-class RunPaths:
-    root: Path
-
-    @property
-    def model(self) -> Path:
-        return self.root / "model"
-
-    @property
-    def tasks(self) -> Path:
-        return self.root / "tasks.jsonl"
-
-    @property
-    def weights(self) -> Path:
-        return self.root / "weights"
-
-    @property
-    def analytics(self) -> Path:
-        return self.root / "analytics"
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def prepare_model(config: RunConfig, paths: RunPaths) -> Path:
-    """Base model + supervised warm-up, cached by its settings under var/cache (a re-run is instant)."""
-    from agents_adapter.agents import CALCULATOR_TOOL, make_arithmetic_tasks
-    from inference_svc.default_model import create_default_model
-    from infra.toy_task import warmup_conversations
-    from trainer_svc.warmup import supervised_warmup
-
-    key = hashlib.sha256(
-        json.dumps([config.model.model_dump(), config.tasks.max_operand, config.seed, 2]).encode()
-    ).hexdigest()[:12]
-    cached = stack.VAR_DIR / "cache" / f"warm-{key}"
-    if not (cached / "model.safetensors").exists():
-        base = create_default_model(stack.VAR_DIR / "cache" / f"base-{key}")
-        if config.model.warmup_steps:
-            tasks = make_arithmetic_tasks(config.model.warmup_tasks, seed=1000 + config.seed,
-                                          max_operand=config.tasks.max_operand)
-            conversations = warmup_conversations(tasks, config.model.warmup_direct_fraction, seed=config.seed)
-            with Progress(TextColumn("warm-up (supervised, cached after the first run)"), BarColumn(),
-                          MofNCompleteColumn(), TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn(),
-                          console=console) as progress:
-                bar = progress.add_task("warm-up", total=config.model.warmup_steps, loss="-")
-                supervised_warmup(base, cached.with_suffix(".tmp"), conversations, [CALCULATOR_TOOL],
-                                  steps=config.model.warmup_steps, seed=config.seed,
-                                  on_step=lambda step, loss: progress.update(bar, completed=step + 1,
-                                                                             loss=f"{loss:.3f}"))
-            cached.with_suffix(".tmp").rename(cached)
-        else:
-            shutil.copytree(base, cached)
-    shutil.copytree(cached, paths.model, dirs_exist_ok=True)
-    return paths.model
-
-
-def write_tasks(config: RunConfig, paths: RunPaths) -> None:
-    from agents_adapter.agents import make_arithmetic_tasks
-
-    with paths.tasks.open("w") as out:
-        tasks = make_arithmetic_tasks(config.tasks.count, seed=config.tasks.seed, max_operand=config.tasks.max_operand)
-        for t in tasks:
-            out.write(json.dumps({"task_id": t.task_id, "question": t.question, "answer": t.answer}) + "\n")
 
 
 def _adapter_stats(specs: list[ServiceSpec], admin_key: str) -> dict[str, object]:
@@ -132,29 +70,10 @@ def _adapter_stats(specs: list[ServiceSpec], admin_key: str) -> dict[str, object
         return {"error": str(e)}
 
 
-def service_specs(
-    config: RunConfig, paths: RunPaths, bus: BusConfig, api_key: str, admin_key: str
-) -> list[ServiceSpec]:
-    env = {
-        "SFLOW_BOOTSTRAP": bus.bootstrap_servers,
-        "SFLOW_TOPIC_PREFIX": bus.topic_prefix,
-        "SFLOW_REPLICATION": str(bus.replication_factor),
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-    }
+def _inference_specs(config: RunConfig, paths: RunPaths, env: dict[str, str]) -> dict[str, ServiceSpec]:
+    """One inference service per resource (by resource id), pinned to its cores."""
     all_cpus = sorted(os.sched_getaffinity(0))
-    sched = config.scheduler
-    specs = [
-        # A consumer group of its own per run: the sink's static membership would otherwise get back
-        # the previous run's assignment (its topics) and never see this run's events.
-        ServiceSpec("analytics", "infra.analytics", ("--data-dir", str(paths.analytics),
-                                                     "--group-id", f"sflow-analytics.{paths.root.name}"), env),
-        ServiceSpec("trajectories", "agents_adapter.processor.trajectories",
-                    ("--data-dir", str(paths.root / "faust"), "--group-size", str(sched.samples_per_task),
-                     "--tick-interval-s", "1"), env),
-    ]
-    endpoints: list[str] = []
-    train_cpus: tuple[int, ...] = ()
+    specs = {}
     for i, r in enumerate(config.inference.resources):
         port = free_port()
         cpus = [c % len(all_cpus) for c in r.cpus] or all_cpus
@@ -168,45 +87,86 @@ def service_specs(
                 "--heartbeat-interval-s", "2"]
         for cap in r.capabilities:
             args += ["--capability", cap]
-        specs.append(ServiceSpec(f"infer-{r.id}", "inference_svc", tuple(args), env, cpus=cpus,
-                                 health_url=f"http://127.0.0.1:{port}/health"))
-        endpoints.append(f"{r.id}=http://127.0.0.1:{port}")
-        if "train" in r.capabilities and not train_cpus:
-            train_cpus = tuple(cpus)
+        specs[r.id] = ServiceSpec(f"infer-{r.id}", "inference_svc", tuple(args), env, cpus=cpus,
+                                  health_url=f"http://127.0.0.1:{port}/health")
+    return specs
+
+
+def _trainer_spec(config: RunConfig, paths: RunPaths, env: dict[str, str],
+                  inference: dict[str, ServiceSpec]) -> ServiceSpec:
+    """The trainer, pinned to the first train-capable resource's cores."""
     train_ids = [r.id for r in config.inference.resources if "train" in r.capabilities]
-    specs.append(ServiceSpec("scheduler", "scheduler_svc", (
-        "--dataset", str(paths.tasks), "--policy", sched.policy, "--train-resources", str(sched.train_resources),
-        "--train-batch-groups", str(sched.train_batch_groups), "--samples-per-task", str(sched.samples_per_task),
-        "--max-staleness", str(sched.max_staleness), "--run-id", config.name, "--model", MODEL_NAME,
-        "--initial-weights-uri", f"file://{paths.model}", "--state-file", str(paths.root / "scheduler-state.json"),
-        "--instance-id", "scheduler-0"), env))
+    train_cpus = inference[train_ids[0]].cpus if train_ids else None
     trainer_args = ["--run-id", config.name, "--base-model-dir", str(paths.model), "--weights-root",
                     str(paths.weights), "--model-name", MODEL_NAME,
                     "--set", f"engine.learning_rate={config.trainer.learning_rate}",
                     "--set", f"algorithm.aggregation={config.trainer.aggregation}"]
     for rid in train_ids:
         trainer_args += ["--resource-id", rid]
-    specs.append(ServiceSpec("trainer", "trainer_svc", tuple(trainer_args),
-                             {**env, "DS_ACCELERATOR": "cpu",
-                              "TORCH_EXTENSIONS_DIR": str(REPO_ROOT / ".cache" / "torch_extensions")},
-                             cpus=train_cpus or None))
-    adapter_port = free_port()
-    adapter_args = ["--model-path", str(paths.model), "--port", str(adapter_port),
+    return ServiceSpec("trainer", "trainer_svc", tuple(trainer_args),
+                       {**env, "DS_ACCELERATOR": "cpu",
+                        "TORCH_EXTENSIONS_DIR": str(REPO_ROOT / ".cache" / "torch_extensions")},
+                       cpus=train_cpus or None)
+
+
+def _adapter_spec(paths: RunPaths, env: dict[str, str], inference: dict[str, ServiceSpec], port: int,
+                  api_key: str, admin_key: str) -> ServiceSpec:
+    """The capture proxy, routing to every inference resource."""
+    adapter_args = ["--model-path", str(paths.model), "--port", str(port),
                     "--served-model-name", MODEL_NAME,
                     # sessions (owners, call counts, ends) survive a restart of the proxy
                     "--session-store-path", str(paths.root / "adapter-sessions.sqlite")]
-    for e in endpoints:
-        adapter_args += ["--endpoint", e]
-    specs.append(ServiceSpec("adapter", "agents_adapter.proxy", tuple(adapter_args),
-                             {**env, "SFLOW_ADAPTER_API_KEYS": f"demo-agent={api_key}",
-                              "SFLOW_ADAPTER_ADMIN_KEY": admin_key},
-                             health_url=f"http://127.0.0.1:{adapter_port}/health"))
-    agent = config.agent
-    specs.append(ServiceSpec("rollout-workers", "infra.rollout_workers", (
+    for rid, spec in inference.items():
+        adapter_args += ["--endpoint", f"{rid}={(spec.health_url or '').removesuffix('/health')}"]
+    return ServiceSpec("adapter", "agents_adapter.proxy", tuple(adapter_args),
+                       {**env, "SFLOW_ADAPTER_API_KEYS": f"demo-agent={api_key}",
+                        "SFLOW_ADAPTER_ADMIN_KEY": admin_key},
+                       health_url=f"http://127.0.0.1:{port}/health")
+
+
+def _rollout_spec(config: RunConfig, env: dict[str, str], adapter_port: int, api_key: str) -> ServiceSpec:
+    """The rollout workers, running the config's example."""
+    agent, example = config.agent, config.example
+    return ServiceSpec("rollout-workers", "infra.rollout_workers", (
         "--base-url", f"http://127.0.0.1:{adapter_port}/v1", "--api-key", api_key, "--model", MODEL_NAME,
         "--concurrency", str(agent.concurrency), "--max-turns", str(agent.max_turns),
         "--max-tokens", str(agent.max_tokens), "--temperature", str(agent.temperature),
-        *(["--ignore-eos"] if agent.ignore_eos else [])), env))
+        *(["--ignore-eos"] if agent.ignore_eos else []),
+        "--agent", example.agent, "--task", example.task or "", "--reward", example.reward), env)
+
+
+def service_specs(
+    config: RunConfig, paths: RunPaths, bus: BusConfig, api_key: str, admin_key: str
+) -> list[ServiceSpec]:
+    env = {
+        "SFLOW_BOOTSTRAP": bus.bootstrap_servers,
+        "SFLOW_TOPIC_PREFIX": bus.topic_prefix,
+        "SFLOW_REPLICATION": str(bus.replication_factor),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+    }
+    sched = config.scheduler
+    inference = _inference_specs(config, paths, env)
+    specs = [
+        # A consumer group of its own per run: the sink's static membership would otherwise get back
+        # the previous run's assignment (its topics) and never see this run's events.
+        ServiceSpec("analytics", "infra.analytics", ("--data-dir", str(paths.analytics),
+                                                     "--group-id", f"sflow-analytics.{paths.root.name}"), env),
+        ServiceSpec("trajectories", "agents_adapter.processor",
+                    ("--data-dir", str(paths.root / "faust"), "--group-size", str(sched.samples_per_task),
+                     "--tick-interval-s", "1"), env),
+        *inference.values(),
+    ]
+    specs.append(ServiceSpec("scheduler", "scheduler_svc", (
+        "--dataset", str(paths.tasks), "--policy", sched.policy, "--train-resources", str(sched.train_resources),
+        "--train-batch-groups", str(sched.train_batch_groups), "--samples-per-task", str(sched.samples_per_task),
+        "--max-staleness", str(sched.max_staleness), "--run-id", config.name, "--model", MODEL_NAME,
+        "--initial-weights-uri", f"file://{paths.model}", "--state-file", str(paths.root / "scheduler-state.json"),
+        "--instance-id", "scheduler-0"), env))
+    adapter_port = free_port()
+    specs += [_trainer_spec(config, paths, env, inference),
+              _adapter_spec(paths, env, inference, adapter_port, api_key, admin_key),
+              _rollout_spec(config, env, adapter_port, api_key)]
     return specs
 
 

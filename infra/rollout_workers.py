@@ -1,12 +1,14 @@
-"""Rollout workers: run the example agent on every task the scheduler dispatches.
+"""Rollout workers: run the example's agent on every task the scheduler dispatches.
 
 They stand for the agent fleet of a real deployment: they read `TaskDispatched` from `tasks`, run
 the group's n sessions through the capture proxy with the official OpenAI client (the agents know
-nothing but the proxy's base URL and their key), verify each answer and report the reward. A
-dispatch is committed only once all its sessions ended, so a killed worker re-runs unfinished
-groups (the trajectory processor ignores samples beyond a complete group).
+nothing but the proxy's base URL and their key), score each episode with the example's reward and
+report it. A dispatch is committed only once all its sessions ended, so a killed worker re-runs
+unfinished groups (the trajectory processor ignores samples beyond a complete group). The agent, the
+task parser and the reward are the run config's `example` parts (infra/example.py), loaded at start-up.
 
-`python -m infra.rollout_workers --base-url http://127.0.0.1:8100/v1 --api-key KEY --model NAME`
+`python -m infra.rollout_workers --base-url http://127.0.0.1:8100/v1 --api-key KEY --model NAME
+[--agent module:attr --task module:attr --reward module:attr]` (default: the calculator example)
 """
 
 from __future__ import annotations
@@ -18,13 +20,15 @@ import logging
 import signal
 import threading
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
-from agents_adapter.agents import ArithmeticTask, CalculatorAgent, EpisodeResult, verify
 from agents_adapter.sdk import AsyncAgentSession
 from bus.config import BusConfig
 from bus.consumer import EventConsumer, Received
 from bus.log import configure_logging
+from infra.example import AGENT_SETTINGS, CALCULATOR, Agent, check_call, load_reference
 from schemas.events import TaskDispatched
 
 log = logging.getLogger("sflow.rollout")
@@ -33,7 +37,8 @@ log = logging.getLogger("sflow.rollout")
 @dataclass(frozen=True)
 class WorkerConfig:
     """base_url: the proxy's OpenAI base URL (…/v1). concurrency: sessions running at once.
-    max_turns / max_tokens / temperature / ignore_eos: the agent's settings."""
+    max_turns / max_tokens / temperature / ignore_eos: the agent's settings. agent / task / reward: the
+    example's parts (`package.module:attribute`; task None: the agent and reward take the row)."""
 
     base_url: str
     api_key: str
@@ -44,43 +49,40 @@ class WorkerConfig:
     temperature: float = 1.0
     ignore_eos: bool = False
     group_id: str = "rollout-workers"
+    agent: str = CALCULATOR.agent
+    task: str | None = CALCULATOR.task
+    reward: str = CALCULATOR.reward
 
 
-FORMAT_REWARD = 0.2  # the episode used the calculator correctly (a tool call that parsed and ran)
-REPORT_REWARD = 0.3  # the final answer reports what the calculator returned
-CORRECT_REWARD = 0.5  # the final answer is the task's answer
+@dataclass(frozen=True)
+class Example:
+    """The example's parts, loaded: the agent built with the worker's settings."""
+
+    agent: Agent
+    task_of: Callable[[dict[str, Any]], Any]
+    reward: Callable[[Any, Any], float]
+
+    @classmethod
+    def load(cls, config: WorkerConfig) -> Example:
+        settings = {name: getattr(config, name) for name in AGENT_SETTINGS}
+        agent_factory = load_reference(config.agent)
+        check_call(config.agent, agent_factory, 1, settings)
+        task_of = load_reference(config.task) if config.task else dict
+        return cls(agent_factory(config.model, **settings), task_of, load_reference(config.reward))
 
 
-def shaped_reward(result: EpisodeResult, task: ArithmeticTask) -> float:
-    """Format, faithful report, correctness — R1-style shaping for a tool agent: the small rewards for
-    calling the tool and reporting its result give GRPO a signal before correct answers are common."""
-    used_tool = result.tool_calls > 0 and result.tool_errors == 0
-    reported = used_tool and result.answered and result.last_tool_output != "" and verify(
-        result.answer, ArithmeticTask(task.task_id, "", _number(result.last_tool_output))) == 1.0
-    correct = verify(result.answer, task)
-    return FORMAT_REWARD * used_tool + REPORT_REWARD * reported + CORRECT_REWARD * correct
+def row_of(event: TaskDispatched) -> dict[str, Any]:
+    """The dispatched row, its `task_id` the dispatched one."""
+    return {**json.loads(event.payload), "task_id": event.task_id}
 
 
-def _number(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        return float("nan")
-
-
-async def run_episode(
-    config: WorkerConfig, agent: CalculatorAgent, task: ArithmeticTask, group_id: str
-) -> EpisodeResult:
+async def run_episode(config: WorkerConfig, example: Example, task: Any, event: TaskDispatched) -> float:
     """One session through the proxy; the reward is reported when the session ends."""
-    async with AsyncAgentSession(config.base_url, config.api_key, task_id=task.task_id, group_id=group_id) as s:
-        result = await agent.arun(s.client, task, s.session_id)
-        result.reward = s.reward = shaped_reward(result, task)
-    return result
-
-
-def task_of(event: TaskDispatched) -> ArithmeticTask:
-    payload = json.loads(event.payload)
-    return ArithmeticTask(event.task_id, str(payload["question"]), float(payload["answer"]))
+    async with AsyncAgentSession(config.base_url, config.api_key, task_id=event.task_id,
+                                 group_id=event.group_id) as s:
+        episode = await example.agent.arun(s.client, task, s.session_id)
+        s.reward = reward = float(example.reward(episode, task))
+    return reward
 
 
 class InOrderCommits:
@@ -106,33 +108,33 @@ class InOrderCommits:
             self.consumer.mark_processed(self.by_key.pop((r.topic, r.partition, first)))
 
 
-async def run_group(config: WorkerConfig, agent: CalculatorAgent, event: TaskDispatched,
-                    slots: asyncio.Semaphore) -> list[EpisodeResult]:
-    task = task_of(event)
+async def run_group(config: WorkerConfig, example: Example, event: TaskDispatched,
+                    slots: asyncio.Semaphore) -> list[float]:
+    """The group's rewards (0.0 for a session that failed)."""
+    task = example.task_of(row_of(event))
 
-    async def one() -> EpisodeResult:
+    async def one() -> float:
         async with slots:
             try:
-                return await run_episode(config, agent, task, event.group_id)
+                return await run_episode(config, example, task, event)
             except Exception as e:  # a failed session is reported failed by the SDK; the group goes on
                 log.warning("episode failed", extra={"group": event.group_id, "error": repr(e)})
-                return EpisodeResult("", task.task_id)
+                return 0.0
 
     return list(await asyncio.gather(*(one() for _ in range(event.n_samples))))
 
 
 async def serve(config: WorkerConfig, bus: BusConfig, stop: threading.Event) -> None:
+    example = Example.load(config)
     consumer = EventConsumer(bus, config.group_id, ["tasks"])
     commits = InOrderCommits(consumer)
-    agent = CalculatorAgent(config.model, max_turns=config.max_turns, max_tokens=config.max_tokens,
-                            temperature=config.temperature, ignore_eos=config.ignore_eos)
     slots = asyncio.Semaphore(config.concurrency)
     running: set[asyncio.Task[None]] = set()
 
     async def handle(r: Received) -> None:
         assert isinstance(r.event, TaskDispatched)
-        results = await run_group(config, agent, r.event, slots)
-        mean = sum(x.reward for x in results) / max(1, len(results))
+        rewards = await run_group(config, example, r.event, slots)
+        mean = sum(rewards) / max(1, len(rewards))
         log.info("group done", extra={"group": r.event.group_id, "reward": round(mean, 3)})
         commits.finished(r)
 
@@ -165,10 +167,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--ignore-eos", action="store_true", help="every call generates its whole max_tokens")
+    parser.add_argument("--agent", default=CALCULATOR.agent, help="the example's agent factory (module:attr)")
+    parser.add_argument("--task", default=CALCULATOR.task, help="its row-to-task parser ('' : the row itself)")
+    parser.add_argument("--reward", default=CALCULATOR.reward, help="its reward(episode, task)")
     args = parser.parse_args(argv)
     configure_logging("rollout-workers")
     config = WorkerConfig(args.base_url, args.api_key, args.model, args.concurrency, args.max_turns,
-                          args.max_tokens, args.temperature, args.ignore_eos)
+                          args.max_tokens, args.temperature, args.ignore_eos,
+                          agent=args.agent, task=args.task or None, reward=args.reward)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

@@ -1,4 +1,8 @@
-"""A run described as YAML (`infra/configs/demo.yaml`): typed, documented, validated at start-up."""
+"""A run described as YAML (`infra/configs/demo.yaml`): typed, documented, validated at start-up.
+
+The `example` section names what is trained (tasks, agent, reward, warm-up data) by module path;
+the other sections say how (sizes, layout, schedule) and know nothing of the example.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +10,10 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from infra.errors import InfraError
+from infra.example import CALCULATOR, ExampleSection
 
 
 class _Strict(BaseModel):
@@ -20,17 +25,13 @@ class KafkaSection(_Strict):
 
 
 class ModelSection(_Strict):
-    warmup_tasks: int = Field(default=2048, ge=1, description="Demonstrations in the supervised warm-up.")
+    warmup_tasks: int = Field(default=2048, ge=1, description="Demonstrations the example's `warmup` writes.")
     warmup_steps: int = Field(default=1200, ge=0, description="Warm-up optimizer steps (0: start from random).")
-    warmup_direct_fraction: float = Field(
-        default=0.5, ge=0.0, le=1.0,
-        description="Share of warm-up demonstrations that answer without the tool (what RL must unlearn).")
 
 
 class TasksSection(_Strict):
-    count: int = Field(default=400, ge=1, description="Arithmetic tasks in the dataset.")
+    count: int = Field(default=400, ge=1, description="Tasks the example's `tasks` generator writes.")
     seed: int = Field(default=7, description="Seed of the task generator (distinct from the warm-up's).")
-    max_operand: int = Field(default=9, ge=1, description="Largest operand of the arithmetic problems.")
 
 
 class ResourceSection(_Strict):
@@ -81,6 +82,8 @@ class RunSection(_Strict):
 class RunConfig(_Strict):
     name: str = Field(default="demo", pattern=r"^[A-Za-z0-9_-]+$")
     seed: int = 0
+    example: ExampleSection = Field(default=CALCULATOR, description=(
+        "What is trained: tasks, agent, reward, warm-up data (infra/example.py); default the calculator example."))
     kafka: KafkaSection = KafkaSection()
     model: ModelSection = ModelSection()
     tasks: TasksSection = TasksSection()
@@ -89,6 +92,13 @@ class RunConfig(_Strict):
     trainer: TrainerSection = TrainerSection()
     agent: AgentSection = AgentSection()
     run: RunSection = RunSection()
+
+    @model_validator(mode="after")
+    def _warmup_has_data(self) -> RunConfig:
+        if self.model.warmup_steps and self.example.warmup is None and self.example.warmup_file is None:
+            raise ValueError(f"model.warmup_steps={self.model.warmup_steps} needs example.warmup or "
+                             "example.warmup_file (or set it to 0)")
+        return self
 
     @classmethod
     def load(cls, path: Path) -> RunConfig:

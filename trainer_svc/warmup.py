@@ -5,17 +5,23 @@ task's format (tool calls, answers) and GRPO has reward variance to learn from.
 Only assistant tokens are in the loss: each assistant turn's span is found by rendering the
 conversation up to that turn with and without it through the model's own chat template, the same
 rendering the capture proxy uses, so the warm-up teaches exactly the token sequences the agent will
-produce. `python -m trainer_svc.warmup --model DIR --out DIR --task arithmetic --steps N`.
+produce.
+
+The demonstrations are data: chat conversations with the tool schemas they are rendered with, from a
+JSON Lines file (`python -m trainer_svc.warmup --model DIR --out DIR --demonstrations FILE --steps N`,
+one `{"messages": [...], "tools": [...]}` per line) or from the records a run config's named callable
+returns; the warm-up knows nothing of the task they teach.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import math
 import random
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +41,56 @@ class Example:
 
     input_ids: list[int]
     loss_mask: list[int]
+
+
+@dataclass(frozen=True)
+class Demonstrations:
+    """The warm-up's data: conversations, and the tool schemas the chat template renders them with (one set
+    for all: a warm-up teaches one agent's tools)."""
+
+    conversations: list[Conversation]
+    tools: list[dict[str, Any]] | None = None
+
+
+def demonstrations_from_records(records: Iterable[object], source: str) -> Demonstrations:
+    """Checks records shaped `{"messages": [...], "tools": [...]}` (a file's lines, or what a named
+    callable returned); errors name the source and the record."""
+    conversations: list[Conversation] = []
+    tools: list[dict[str, Any]] | None = None
+    for i, record in enumerate(records):
+        if not isinstance(record, Mapping) or not _is_conversation(record.get("messages")):
+            raise TrainerError(f"{source}, record {i}: expected {{'messages': [{{'role': ...}}, ...]}}, "
+                               f"got {str(record)[:120]!r}")
+        record_tools = list(record.get("tools") or []) or None
+        if i > 0 and record_tools != tools:
+            raise TrainerError(f"{source}, record {i}: its tools differ from record 0's (one tool set per warm-up)")
+        tools = record_tools
+        conversations.append([dict(m) for m in record["messages"]])
+    if not conversations:
+        raise TrainerError(f"{source}: no demonstrations")
+    return Demonstrations(conversations, tools)
+
+
+def _is_conversation(messages: object) -> bool:
+    return isinstance(messages, list) and bool(messages) and all(
+        isinstance(m, Mapping) and isinstance(m.get("role"), str) for m in messages)
+
+
+def read_demonstrations(path: Path) -> Demonstrations:
+    """A JSON Lines file of demonstration records (blank lines skipped)."""
+    source = f"demonstrations={str(path)!r}"
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as e:
+        raise TrainerError(f"{source} cannot be read: {e}") from e
+    records = []
+    for number, line in enumerate(lines, 1):
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except ValueError as e:
+                raise TrainerError(f"{source}: line {number} is not JSON: {e}") from e
+    return demonstrations_from_records(records, source)
 
 
 def _render(tokenizer: Any, messages: Conversation, tools: Sequence[dict[str, Any]] | None, gen: bool) -> list[int]:
@@ -70,6 +126,20 @@ def learning_rate_factor(step: int, steps: int, warmup_fraction: float = 0.1, fl
     return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+def _padded(batch: Sequence[Example], pad: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(input ids, loss mask, attention mask) of a batch, right-padded to its longest example."""
+    width = max(len(e.input_ids) for e in batch)
+    ids = torch.full((len(batch), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(batch), width), dtype=torch.float32)
+    attention = torch.zeros((len(batch), width), dtype=torch.long)
+    for row, e in enumerate(batch):
+        n = len(e.input_ids)
+        ids[row, :n] = torch.tensor(e.input_ids)
+        mask[row, :n] = torch.tensor(e.loss_mask, dtype=torch.float32)
+        attention[row, :n] = 1
+    return ids, mask, attention
+
+
 def supervised_warmup(
     model_dir: Path,
     out_dir: Path,
@@ -99,16 +169,7 @@ def supervised_warmup(
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: learning_rate_factor(step, steps))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     for step in range(steps):
-        batch = [examples[rng.randrange(len(examples))] for _ in range(batch_size)]
-        width = max(len(e.input_ids) for e in batch)
-        ids = torch.full((len(batch), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(batch), width), dtype=torch.float32)
-        attention = torch.zeros((len(batch), width), dtype=torch.long)
-        for row, e in enumerate(batch):
-            n = len(e.input_ids)
-            ids[row, :n] = torch.tensor(e.input_ids)
-            mask[row, :n] = torch.tensor(e.loss_mask, dtype=torch.float32)
-            attention[row, :n] = 1
+        ids, mask, attention = _padded([examples[rng.randrange(len(examples))] for _ in range(batch_size)], pad)
         logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1]
         target = ids[:, 1:]
         token_loss = torch.nn.functional.cross_entropy(
@@ -135,23 +196,20 @@ def supervised_warmup(
 
 
 def main(argv: list[str] | None = None) -> None:
-    from agents_adapter.agents import CALCULATOR_TOOL, make_arithmetic_tasks
-    from infra.toy_task import warmup_conversations
-
     parser = argparse.ArgumentParser(prog="python -m trainer_svc.warmup", description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--tasks", type=int, default=2048)
+    parser.add_argument("--demonstrations", type=Path, required=True,
+                        help='JSON Lines: one {"messages": [...], "tools": [...]} per line')
     parser.add_argument("--steps", type=int, default=1200)
-    parser.add_argument("--direct-fraction", type=float, default=0.5,
-                        help="share of demonstrations that answer without the tool")
-    parser.add_argument("--seed", type=int, default=1000)
-    parser.add_argument("--max-operand", type=int, default=9)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     logging.basicConfig(level="INFO")
-    tasks = make_arithmetic_tasks(args.tasks, seed=args.seed, max_operand=args.max_operand)
-    conversations = warmup_conversations(tasks, args.direct_fraction, seed=args.seed)
-    supervised_warmup(args.model, args.out, conversations, [CALCULATOR_TOOL], steps=args.steps, seed=args.seed)
+    data = read_demonstrations(args.demonstrations)
+    supervised_warmup(args.model, args.out, data.conversations, data.tools, steps=args.steps,
+                      batch_size=args.batch_size, lr=args.lr, seed=args.seed)
 
 
 if __name__ == "__main__":

@@ -8,15 +8,6 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from agents_adapter.agents import (
-    CalculatorAgent,
-    CalculatorError,
-    EpisodeResult,
-    evaluate,
-    make_arithmetic_tasks,
-    run_tool,
-    verify,
-)
 
 from agents_adapter.errors import ConfigError
 from agents_adapter.proxy.__main__ import parse_config
@@ -25,6 +16,10 @@ from agents_adapter.proxy.config import AdapterConfig, StaticEndpoint, hash_api_
 from agents_adapter.proxy.openai_models import ChatCompletionRequest
 from agents_adapter.proxy.outputs import chat_logprobs, finish_reply, parse_tool_calls
 from agents_adapter.proxy.stitching import EngineRun, StitchedCall
+from examples.calculator.agent import CalculatorAgent, EpisodeResult
+from examples.calculator.tasks import make_arithmetic_tasks
+from examples.calculator.tool import CalculatorError, evaluate, run_tool
+from examples.calculator.verifier import verify
 
 pytestmark = pytest.mark.unit
 IM_END = 258

@@ -22,7 +22,6 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from agents_adapter.agents import CalculatorAgent, arun_episode, make_arithmetic_tasks, run_episode
 
 from agents_adapter.proxy.app import create_app
 from agents_adapter.proxy.chat_codec import ChatCodec
@@ -32,6 +31,8 @@ from bus.admin import ensure_topics
 from bus.config import BusConfig
 from bus.producer import EventProducer
 from bus.replay import replay
+from examples.calculator.agent import CalculatorAgent, arun_episode, run_episode
+from examples.calculator.tasks import make_arithmetic_tasks
 from infra.kafka.cluster import KafkaCluster, free_base_port
 from schemas import events as ev
 from tests.adapter.conftest import ADMIN_KEY

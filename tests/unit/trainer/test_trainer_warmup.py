@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from agents_adapter.agents import CALCULATOR_TOOL, make_arithmetic_tasks, run_tool
+from examples.calculator.tasks import make_arithmetic_tasks
+from examples.calculator.tool import CALCULATOR_TOOL, run_tool
+from examples.calculator.warmup import direct_conversation, tool_conversation, warmup_conversations
 from inference_svc.default_model import build_tokenizer
-from infra.toy_task import direct_conversation, tool_conversation, warmup_conversations
 from trainer_svc.errors import TrainerError
 from trainer_svc.warmup import learning_rate_factor, supervised_warmup, to_example
 

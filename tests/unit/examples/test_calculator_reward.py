@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from agents_adapter.agents import ArithmeticTask, EpisodeResult
-from infra.rollout_workers import shaped_reward
+from examples.calculator.agent import EpisodeResult
+from examples.calculator.reward import shaped_reward
+from examples.calculator.tasks import ArithmeticTask
 
 pytestmark = pytest.mark.unit
 TASK = ArithmeticTask("t", "What is 3 + 4?", 7.0)

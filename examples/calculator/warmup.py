@@ -1,5 +1,4 @@
-"""The demo's toy task: arithmetic solved with the calculator tool, and the conversations the
-supervised warm-up shows the model before RL.
+"""The calculator example's warm-up: the conversations the supervised warm-up shows the model before RL.
 
 The warm-up mixes two demonstrations of every kind of problem: the tool-using one (call the calculator
 with the expression, then answer its result) and a direct one (the answer written at once, as a
@@ -7,26 +6,27 @@ teacher doing mental arithmetic would). A 0.8M-parameter model can copy an expre
 the arithmetic in its head, so after the warm-up it starts about half its episodes with a direct
 answer that is usually wrong. What RL has to discover is the agentic behaviour: calling the tool is
 what pays. The demo's reward curve (and the tool-use rate beside it) shows it being learned.
+
+`demonstrations` is what a run config names as its warm-up (`model.warmup`);
+`python -m examples.calculator.warmup --out demos.jsonl` writes the same records as a file for
+`python -m trainer_svc.warmup --demonstrations demos.jsonl`.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import random
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
-from agents_adapter.agents import CALCULATOR, SYSTEM_PROMPT, ArithmeticTask
+from examples.calculator.agent import SYSTEM_PROMPT
+from examples.calculator.tasks import ArithmeticTask, expression_of, make_arithmetic_tasks
+from examples.calculator.tool import CALCULATOR, CALCULATOR_TOOL, format_number
 
 Conversation = list[dict[str, Any]]
-
-
-def expression_of(task: ArithmeticTask) -> str:
-    return task.question.removeprefix("What is ").removesuffix("?")
-
-
-def format_number(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() else repr(value)
+WARMUP_SEED_OFFSET = 1000  # the warm-up's problems are drawn apart from the run's tasks (same seed, other stream)
 
 
 def tool_conversation(task: ArithmeticTask) -> Conversation:
@@ -58,3 +58,26 @@ def warmup_conversations(tasks: Sequence[ArithmeticTask], direct_fraction: float
         raise ValueError(f"direct_fraction must be in [0, 1], got {direct_fraction}")
     rng = random.Random(seed)
     return [direct_conversation(t) if rng.random() < direct_fraction else tool_conversation(t) for t in tasks]
+
+
+def demonstrations(count: int, seed: int, max_operand: int = 9, direct_fraction: float = 0.5) -> list[dict[str, Any]]:
+    """`count` demonstration records (`messages`, `tools`): the warm-up data of the demo's model."""
+    tasks = make_arithmetic_tasks(count, seed=WARMUP_SEED_OFFSET + seed, max_operand=max_operand)
+    return [{"messages": c, "tools": [CALCULATOR_TOOL]} for c in warmup_conversations(tasks, direct_fraction, seed)]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m examples.calculator.warmup", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="JSON Lines file to write")
+    parser.add_argument("--count", type=int, default=2048)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-operand", type=int, default=9)
+    parser.add_argument("--direct-fraction", type=float, default=0.5,
+                        help="share of demonstrations that answer without the tool")
+    args = parser.parse_args(argv)
+    records = demonstrations(args.count, args.seed, args.max_operand, args.direct_fraction)
+    args.out.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+"""What a run prepares before its services start, from its config's example: the warmed-up model and
+the tasks file the scheduler dispatches.
+
+The warm-up is cached under var/cache by everything that determines it (model settings, the
+demonstrations' source and options, the seed), so a second run with the same settings starts at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import shutil
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from infra import stack
+from infra.errors import InfraError
+from infra.example import ExampleSection, load_reference
+from infra.run_config import RunConfig
+
+if TYPE_CHECKING:
+    from trainer_svc.warmup import Demonstrations
+
+console = Console()
+_CACHE_FORMAT = 3  # bumped when what the cached warm-up depends on changes
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    root: Path
+
+    @property
+    def model(self) -> Path:
+        return self.root / "model"
+
+    @property
+    def tasks(self) -> Path:
+        return self.root / "tasks.jsonl"
+
+    @property
+    def weights(self) -> Path:
+        return self.root / "weights"
+
+    @property
+    def analytics(self) -> Path:
+        return self.root / "analytics"
+
+
+def _warmup_source(example: ExampleSection) -> object:
+    """What the demonstrations are made from, for the cache key (a file by its content)."""
+    if example.warmup_file is not None:
+        return hashlib.sha256(example.warmup_file.read_bytes()).hexdigest()
+    return [example.warmup, example.warmup_options]
+
+
+def _demonstrations(config: RunConfig) -> Demonstrations:
+    from trainer_svc.warmup import demonstrations_from_records, read_demonstrations
+
+    example = config.example
+    if example.warmup_file is not None:
+        return read_demonstrations(example.warmup_file)
+    assert example.warmup is not None  # RunConfig refuses warm-up steps without demonstrations
+    records = load_reference(example.warmup)(config.model.warmup_tasks, config.seed, **example.warmup_options)
+    return demonstrations_from_records(records, f"example.warmup={example.warmup!r}")
+
+
+def prepare_model(config: RunConfig, paths: RunPaths) -> Path:
+    """Base model + supervised warm-up, cached by its settings under var/cache (a re-run is instant)."""
+    from inference_svc.default_model import create_default_model
+    from trainer_svc.warmup import supervised_warmup
+
+    key = hashlib.sha256(json.dumps(
+        [config.model.model_dump(), _warmup_source(config.example), config.seed, _CACHE_FORMAT]).encode()
+    ).hexdigest()[:12]
+    cached = stack.VAR_DIR / "cache" / f"warm-{key}"
+    if not (cached / "model.safetensors").exists():
+        base = create_default_model(stack.VAR_DIR / "cache" / f"base-{key}")
+        if config.model.warmup_steps:
+            data = _demonstrations(config)
+            with Progress(TextColumn("warm-up (supervised, cached after the first run)"), BarColumn(),
+                          MofNCompleteColumn(), TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn(),
+                          console=console) as progress:
+                bar = progress.add_task("warm-up", total=config.model.warmup_steps, loss="-")
+                supervised_warmup(base, cached.with_suffix(".tmp"), data.conversations, data.tools,
+                                  steps=config.model.warmup_steps, seed=config.seed,
+                                  on_step=lambda step, loss: progress.update(bar, completed=step + 1,
+                                                                             loss=f"{loss:.3f}"))
+            cached.with_suffix(".tmp").rename(cached)
+        else:
+            shutil.copytree(base, cached)
+    shutil.copytree(cached, paths.model, dirs_exist_ok=True)
+    return paths.model
+
+
+def task_rows(tasks: Iterable[object], source: str) -> list[dict[str, Any]]:
+    """The generator's tasks as JSON objects (a dataclass by its fields)."""
+    rows = []
+    for i, task in enumerate(tasks):
+        if dataclasses.is_dataclass(task) and not isinstance(task, type):
+            rows.append(dataclasses.asdict(task))
+        elif isinstance(task, dict):
+            rows.append(dict(task))
+        else:
+            raise InfraError(f"{source}: task {i} is a {type(task).__name__}, expected a mapping or a dataclass")
+    return rows
+
+
+def write_tasks(config: RunConfig, paths: RunPaths) -> None:
+    """The scheduler's dataset: the example's tasks file as is, or its generator's tasks, one per line."""
+    example = config.example
+    if example.tasks_file is not None:
+        shutil.copyfile(example.tasks_file, paths.tasks)
+        return
+    assert example.tasks is not None  # ExampleSection takes exactly one of tasks and tasks_file
+    generated = load_reference(example.tasks)(config.tasks.count, config.tasks.seed, **example.tasks_options)
+    rows = task_rows(generated, f"example.tasks={example.tasks!r}")
+    with paths.tasks.open("w") as out:
+        out.writelines(json.dumps(row) + "\n" for row in rows)
