@@ -17,6 +17,9 @@ own process. Then, in one run:
   2. capacity: `--open-sessions` (1,000) sessions, all in flight at once, two turns each; errors are
      counted and the proxy's resident memory (RSS) is reported before and after.
 
+First, right after start-up: the proxy's RSS (at most 250 MB: it imports no torch) and whether torch
+is mapped into its process.
+
     .venv/bin/python bench/adapter_bench.py [--sessions 64] [--turns 8] [--open-sessions 1000]
 
 Final line: `ratio proxy/direct p50 latency: X.XXx`.
@@ -164,6 +167,7 @@ def main() -> None:
         wait_http(f"{engine_url}/model_info", procs[0], engine_log)
         wait_http(f"{proxy_url}/health", procs[1], proxy_log)
         proxy_proc = psutil.Process(procs[1].pid)
+        startup_footprint(proxy_proc)
         asyncio.run(measure(args, codec, engine_url, proxy_url, model.name, proxy_proc))
     finally:
         for proc in procs:
@@ -175,6 +179,16 @@ def main() -> None:
         if cluster is not None:
             cluster.stop()
         shutil.rmtree(work, ignore_errors=True)
+
+
+def startup_footprint(proxy_proc: psutil.Process) -> None:
+    """The proxy's RSS right after start-up (issue 12: <= 250 MB; ~1 GB while it imported torch) and
+    whether torch is mapped into it (its shared libraries would be, were torch imported)."""
+    rss_mb = proxy_proc.memory_info().rss / 1e6
+    torch_libs = sorted({m.path for m in proxy_proc.memory_maps() if "/torch/" in m.path})
+    print(f"proxy RSS after start-up: {rss_mb:.1f} MB ({rss_mb * 1e6 / 2**20:.1f} MiB), limit 250 MB: "
+          f"{'ok' if rss_mb <= 250 else 'OVER'}")
+    print(f"torch loaded in the proxy: {bool(torch_libs)}" + (f" ({torch_libs[0]} ...)" if torch_libs else ""))
 
 
 async def measure(args: argparse.Namespace, codec: ChatCodec, engine_url: str, proxy_url: str, model: str,
@@ -209,47 +223,61 @@ async def measure(args: argparse.Namespace, codec: ChatCodec, engine_url: str, p
         await run_sessions(8, direct, 2, seed=0)  # warm-up: connections, engine, Kafka producer
         await run_sessions(8, through_proxy("warm"), 2, seed=0)
         print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (shared machine)")
-        print(f"{'':<40}{'calls':>7}{'errors':>7}{'p50 ms':>9}{'p99 ms':>9}{'mean ms':>9}")
-        for phase, (label, sessions, turns, rounds, think) in enumerate((
-            ("1 session, back to back", 1, args.sequential_turns, 2, 0.0),
-            (f"{args.sessions} sessions, think U[0,{args.think_ms:.0f}]ms", args.sessions, args.turns, args.rounds,
-             args.think_ms),
-        )):
-            direct_ms: list[float] = []
-            proxy_ms: list[float] = []
-            direct_err = proxy_err = 0
-            cpu_ms = 0.0
-            for r in range(rounds):  # alternate, so both paths see the same background load
-                latencies, errors = await run_sessions(sessions, direct, turns, 1 + r, think)
-                direct_ms, direct_err = direct_ms + latencies, direct_err + errors
-                cpu_before = proxy_proc.cpu_times()
-                latencies, errors = await run_sessions(sessions, through_proxy(f"lat{phase}-{r}"), turns, 1 + r, think)
-                cpu_after = proxy_proc.cpu_times()
-                proxy_ms, proxy_err = proxy_ms + latencies, proxy_err + errors
-                cpu_ms += ((cpu_after.user + cpu_after.system) - (cpu_before.user + cpu_before.system)) * 1000
-            d50, d99, p50, p99 = (percentile(direct_ms, 0.5), percentile(direct_ms, 0.99),
-                                  percentile(proxy_ms, 0.5), percentile(proxy_ms, 0.99))
-            for name, values, errs in ((f"{label}: engine", direct_ms, direct_err),
-                                       (f"{label}: proxy", proxy_ms, proxy_err)):
-                print(f"{name:<40}{len(values):>7}{errs:>7}{percentile(values, 0.5):>9.2f}"
-                      f"{percentile(values, 0.99):>9.2f}{statistics.fmean(values):>9.2f}")
-            print(f"{label + ': added by the proxy':<54}{p50 - d50:>9.2f}{p99 - d99:>9.2f}"
-                  f"   (proxy CPU {cpu_ms / max(1, len(proxy_ms)):.2f} ms/call)")
+        ratio = await latency_table(args, direct, through_proxy, proxy_proc)
+        await capacity(args, http, through_proxy, proxy_url, proxy_proc)
+        print(f"\nratio proxy/direct p50 latency: {ratio:.2f}x")
 
-        rss_before = proxy_proc.memory_info().rss
-        started = time.perf_counter()
-        open_ms, open_err = await run_sessions(args.open_sessions, through_proxy("open"), 2, seed=2)
-        elapsed = time.perf_counter() - started
-        rss_after = proxy_proc.memory_info().rss
-        stats = (await http.get(f"{proxy_url}/admin/stats", headers={"Authorization": f"Bearer {ADMIN}"})).json()
-        print(f"\n{args.open_sessions} concurrent sessions x 2 turns (all in flight at once)")
-        print(f"calls served {len(open_ms)}, errors {open_err}, wall {elapsed:.1f} s, "
-              f"p50 {percentile(open_ms, 0.5):.0f} ms, p99 {percentile(open_ms, 0.99):.0f} ms")
-        print(f"proxy sessions cached {stats['sessions']['cached']}, calls recorded {stats['calls_served']}, "
-              f"recording failures {stats['recording']['events_failed']}")
-        print(f"proxy RSS before {rss_before / 2**20:.1f} MiB, after {rss_after / 2**20:.1f} MiB "
-              f"({(rss_after - rss_before) / max(1, args.open_sessions) / 1024:.1f} KiB per session)")
-        print(f"\nratio proxy/direct p50 latency: {p50 / d50:.2f}x")
+
+async def latency_table(args: argparse.Namespace, direct: Turn, through_proxy: Callable[[str], Turn],
+                        proxy_proc: psutil.Process) -> float:
+    """Direct vs proxied latency, back to back then concurrent; the last phase's p50 ratio."""
+    print(f"{'':<40}{'calls':>7}{'errors':>7}{'p50 ms':>9}{'p99 ms':>9}{'mean ms':>9}")
+    ratio = 0.0
+    for phase, (label, sessions, turns, rounds, think) in enumerate((
+        ("1 session, back to back", 1, args.sequential_turns, 2, 0.0),
+        (f"{args.sessions} sessions, think U[0,{args.think_ms:.0f}]ms", args.sessions, args.turns, args.rounds,
+         args.think_ms),
+    )):
+        direct_ms: list[float] = []
+        proxy_ms: list[float] = []
+        direct_err = proxy_err = 0
+        cpu_ms = 0.0
+        for r in range(rounds):  # alternate, so both paths see the same background load
+            latencies, errors = await run_sessions(sessions, direct, turns, 1 + r, think)
+            direct_ms, direct_err = direct_ms + latencies, direct_err + errors
+            cpu_before = proxy_proc.cpu_times()
+            latencies, errors = await run_sessions(sessions, through_proxy(f"lat{phase}-{r}"), turns, 1 + r, think)
+            cpu_after = proxy_proc.cpu_times()
+            proxy_ms, proxy_err = proxy_ms + latencies, proxy_err + errors
+            cpu_ms += ((cpu_after.user + cpu_after.system) - (cpu_before.user + cpu_before.system)) * 1000
+        d50, d99, p50, p99 = (percentile(direct_ms, 0.5), percentile(direct_ms, 0.99),
+                              percentile(proxy_ms, 0.5), percentile(proxy_ms, 0.99))
+        for name, values, errs in ((f"{label}: engine", direct_ms, direct_err),
+                                   (f"{label}: proxy", proxy_ms, proxy_err)):
+            print(f"{name:<40}{len(values):>7}{errs:>7}{percentile(values, 0.5):>9.2f}"
+                  f"{percentile(values, 0.99):>9.2f}{statistics.fmean(values):>9.2f}")
+        print(f"{label + ': added by the proxy':<54}{p50 - d50:>9.2f}{p99 - d99:>9.2f}"
+              f"   (proxy CPU {cpu_ms / max(1, len(proxy_ms)):.2f} ms/call)")
+        ratio = p50 / d50
+    return ratio
+
+
+async def capacity(args: argparse.Namespace, http: httpx.AsyncClient, through_proxy: Callable[[str], Turn],
+                   proxy_url: str, proxy_proc: psutil.Process) -> None:
+    """`--open-sessions` sessions all in flight at once: errors, latency and the proxy's RSS."""
+    rss_before = proxy_proc.memory_info().rss
+    started = time.perf_counter()
+    open_ms, open_err = await run_sessions(args.open_sessions, through_proxy("open"), 2, seed=2)
+    elapsed = time.perf_counter() - started
+    rss_after = proxy_proc.memory_info().rss
+    stats = (await http.get(f"{proxy_url}/admin/stats", headers={"Authorization": f"Bearer {ADMIN}"})).json()
+    print(f"\n{args.open_sessions} concurrent sessions x 2 turns (all in flight at once)")
+    print(f"calls served {len(open_ms)}, errors {open_err}, wall {elapsed:.1f} s, "
+          f"p50 {percentile(open_ms, 0.5):.0f} ms, p99 {percentile(open_ms, 0.99):.0f} ms")
+    print(f"proxy sessions cached {stats['sessions']['cached']}, calls recorded {stats['calls_served']}, "
+          f"recording failures {stats['recording']['events_failed']}")
+    print(f"proxy RSS before {rss_before / 2**20:.1f} MiB, after {rss_after / 2**20:.1f} MiB "
+          f"({(rss_after - rss_before) / max(1, args.open_sessions) / 1024:.1f} KiB per session)")
 
 
 if __name__ == "__main__":
