@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
+from bus.kit import FlagError, add_config_flags, build_or_exit, config_values
 from bus.log import configure_logging
 from inference_svc.config import InferenceConfig
 
@@ -23,28 +24,14 @@ if TYPE_CHECKING:
     from inference_svc.bus_shell import InferenceBusShell
     from inference_svc.engine import NativeEngine
 
+
 def parse_config(argv: list[str] | None = None) -> InferenceConfig:
     parser = argparse.ArgumentParser(prog="python -m inference_svc", description=__doc__.splitlines()[0])
-    for name, field in InferenceConfig.model_fields.items():
-        flag = "--" + name.replace("_", "-")
-        if name == "sglang_args":
-            parser.add_argument("--sglang-arg", dest=name, action="append", default=argparse.SUPPRESS,
-                                help=field.description)
-        elif name == "capabilities":
-            parser.add_argument("--capability", dest=name, action="append", default=argparse.SUPPRESS,
-                                help=field.description)
-        elif field.annotation is bool:
-            parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS,
-                                help=field.description)
-        else:
-            parser.add_argument(flag, dest=name, default=argparse.SUPPRESS, required=field.is_required(),
-                                help=f"{field.description} (default: {field.default})")
+    add_config_flags(parser, InferenceConfig, repeat={"sglang_args": "--sglang-arg", "capabilities": "--capability"},
+                     required=True)
     values = vars(parser.parse_args(argv))
-    try:
-        return InferenceConfig.model_validate(values)
-    except ValidationError as e:
-        parser.error(str(e))
-        raise  # unreachable: parser.error exits
+    return build_or_exit(parser, lambda: InferenceConfig.model_validate(config_values(InferenceConfig, values)),
+                         (ValidationError, FlagError))
 
 
 def main(argv: list[str] | None = None) -> None:

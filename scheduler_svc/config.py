@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from bus.config import BusConfig
 from bus.errors import BusError
+from bus.kit import describe_errors
 from scheduler_svc.errors import ConfigError
 from scheduler_svc.policies import PLACEMENTS, TagPolicy, colocated, disaggregated, spatiotemporal
 from scheduler_svc.settings import SchedulerSettings
@@ -264,15 +265,3 @@ class SchedulerServiceConfig(BaseModel):
         values.update(overrides)
         return cls.build(**values)
 
-
-def describe_errors(error: ValidationError) -> str:
-    """One `field=value: problem` line per pydantic error."""
-    lines = []
-    for item in error.errors():
-        name = ".".join(str(part) for part in item["loc"]) or "config"
-        message = str(item["msg"]).removeprefix("Value error, ")
-        if name != "config" and not message.startswith(f"{name}="):
-            lines.append(f"{name}={item.get('input')!r}: {message}")
-        else:
-            lines.append(message)
-    return "; ".join(lines)

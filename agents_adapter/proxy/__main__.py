@@ -16,7 +16,8 @@ from typing import Any
 
 from agents_adapter.errors import ConfigError
 from agents_adapter.proxy.config import HASH_PREFIX, AdapterConfig, hash_api_key
-from bus.config import BusConfig
+from bus.errors import BusError
+from bus.kit import add_bus_flags, add_config_flags, build_or_exit, config_values, pop_bus_settings
 from bus.log import configure_logging
 
 _SPECIAL = {"agent_keys", "inference_endpoints", "bus"}
@@ -26,35 +27,21 @@ def parse_config(argv: list[str] | None = None) -> AdapterConfig | None:
     """The validated config, or None when the command only printed something (--hash-key)."""
     parser = argparse.ArgumentParser(prog="python -m agents_adapter.proxy", description=__doc__.splitlines()[0])
     parser.add_argument("--hash-key", default=None, help="print the keys-file entry of a key and exit")
-    for name, field in AdapterConfig.model_fields.items():
-        if name in _SPECIAL:
-            continue
-        flag = "--" + name.replace("_", "-")
-        if field.annotation is bool:
-            parser.add_argument(flag, dest=name, default=argparse.SUPPRESS, action=argparse.BooleanOptionalAction,
-                                help=field.description)
-        else:
-            parser.add_argument(flag, dest=name, default=argparse.SUPPRESS,
-                                help=f"{field.description} (default: {field.default})")
+    add_config_flags(parser, AdapterConfig, skip=_SPECIAL)
     parser.add_argument("--endpoint", dest="inference_endpoints", action="append", default=argparse.SUPPRESS,
                         help="static inference endpoint, RESOURCE_ID=URL or URL (repeat for several)")
-    parser.add_argument("--bootstrap-servers", default=None, help="Kafka brokers (default: $SFLOW_BOOTSTRAP)")
-    parser.add_argument("--topic-prefix", default=None, help="topic prefix (default: $SFLOW_TOPIC_PREFIX or sf.)")
+    add_bus_flags(parser)
     values: dict[str, Any] = vars(parser.parse_args(argv))
     key = values.pop("hash_key")
     if key is not None:
         print(f"{HASH_PREFIX}{hash_api_key(key)}")
         return None
-    bootstrap, prefix = values.pop("bootstrap_servers"), values.pop("topic_prefix")
-    env_bus = BusConfig.from_env(client_id="agents-adapter")
-    try:
-        values["bus"] = BusConfig(bootstrap_servers=bootstrap or env_bus.bootstrap_servers,
-                                  topic_prefix=env_bus.topic_prefix if prefix is None else prefix,
-                                  client_id="agents-adapter", replication_factor=env_bus.replication_factor)
-        return AdapterConfig.build(**values)
-    except (ConfigError, ValueError) as e:
-        parser.error(str(e))
-        raise  # unreachable: parser.error exits
+
+    def build() -> AdapterConfig:
+        bus = pop_bus_settings(values, client_id="agents-adapter")
+        return AdapterConfig.build(bus=bus, **config_values(AdapterConfig, values, raw={"inference_endpoints"}))
+
+    return build_or_exit(parser, build, (ConfigError, ValueError, BusError))
 
 
 def main(argv: list[str] | None = None) -> None:
