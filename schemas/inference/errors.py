@@ -1,7 +1,8 @@
 """Errors of the `inference_svc` package.
 
-Each error carries an HTTP status so the app maps every failure to a response in one place
-(`app.error_response`); third-party errors are converted at the boundary with `raise ... from e`.
+Each error carries an HTTP status (and, where it needs them, response `headers`) so the app maps every
+failure to a response in one place (`inference_svc.http_errors.error_response`, over `bus.http.http_error`);
+third-party errors are converted at the boundary with `raise ... from e`.
 """
 
 
@@ -38,6 +39,11 @@ class UnauthorizedError(InferenceError):
     status_code = 401
     error_type = "authentication_error"
     expose_message = True
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """RFC 6750: a 401 names the scheme the caller should use."""
+        return {"WWW-Authenticate": "Bearer"}
 
 
 class WeightLoadError(InferenceError):
