@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any, Final
 
 from bus.config import BusConfig
+from bus.deadletter import dead_letter
 from bus.producer import EventProducer
 from schemas.errors import SchemaError
-from schemas.events import DeadLetter, Event, decode_event, encode_event
+from schemas.events import Event, decode_event, encode_event
 
 log = logging.getLogger("sflow.bus")
 
@@ -83,16 +84,8 @@ async def typed_events(stream: Any, dlq: EventProducer, config: BusConfig, group
         value = fevent.value
         if isinstance(value, Undecodable):
             msg = fevent.message
-            letter = DeadLetter(
-                source_topic=msg.topic,
-                source_partition=msg.partition,
-                source_offset=msg.offset,
-                key_bytes=msg.key if isinstance(msg.key, bytes) else None,
-                value=value.raw,
-                reason=f"undecodable: {value.reason}",
-                consumer_group=group,
-                correlation_id=f"{msg.topic}:{msg.partition}:{msg.offset}",
-            )
+            letter = dead_letter(msg.topic, msg.partition, msg.offset, key=msg.key, value=value.raw,
+                                 reason=f"undecodable: {value.reason}", consumer_group=group)
             await dlq.publish_async(letter, topic=config.topic("dlq"))
             log.warning("dead-lettered %s[%d]@%d: %s", msg.topic, msg.partition, msg.offset, value.reason)
             continue

@@ -182,8 +182,8 @@ def replay_trajectories(
     producer: Annotated[str, typer.Option(help="producer id the processor stamps on trajectories")] = "",
 ) -> None:
     """Rebuild trajectories from `llm.calls` + `sessions` and diff them byte for byte with the recorded ones."""
+    from agents_adapter.processor.config import ProcessorConfig
     from agents_adapter.processor.replay import replay_trajectories as rebuild
-    from agents_adapter.processor.trajectories import ProcessorConfig
     from bus.replay import ReplayRange
     from infra import stack
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from agents_adapter.errors import RejectedCallError
 from agents_adapter.processor.assembler import TrajectoryAssembler
-from agents_adapter.processor.trajectories import ProcessorConfig
+from agents_adapter.processor.config import ProcessorConfig
 from bus.config import BusConfig
 from bus.consumer import Received
 from bus.replay import ReplayRange, replay

@@ -24,10 +24,11 @@ from typing import Any
 import pytest
 
 from agents_adapter.errors import ConfigError
+from agents_adapter.processor.config import ProcessorConfig
 from agents_adapter.processor.prefix_tree import PrefixTree
 from agents_adapter.processor.replay import ReplayReport, first_difference, replay_trajectories
 from agents_adapter.processor.session_records import SessionDelta, trajectory_event_id
-from agents_adapter.processor.trajectories import CLOSED, DELTA, ProcessorConfig, TableKey
+from agents_adapter.processor.table_codec import CLOSED, DELTA, TableKey
 from agents_adapter.processor.tree_delta import AddCall
 from bus.config import BusConfig
 from bus.consumer import EventConsumer, Received, consumer_settings, fetch_ready, unique_group
@@ -58,11 +59,11 @@ APP = "trajectory-processor"
 
 
 class Worker(ServiceProcess):
-    """`python -m agents_adapter.processor.trajectories` with short timers for tests."""
+    """`python -m agents_adapter.processor` with short timers for tests."""
 
     def __init__(self, config: BusConfig, data_dir: Path, log: Path, **options: object) -> None:
         self.config, self.data_dir = config, data_dir
-        super().__init__("agents_adapter.processor.trajectories", config, log, {
+        super().__init__("agents_adapter.processor", config, log, {
             "data-dir": data_dir, "tick-interval-s": 0.3, "session-timeout-s": 6, "commit-interval-s": 0.5,
             "stall-timeout-s": 5, "log-level": "info", **options})
 
@@ -210,7 +211,7 @@ def test_config_is_validated_with_the_field_and_value_in_the_error() -> None:
     with pytest.raises(ConfigError, match=r"session_timeout_s.*2"):
         ProcessorConfig(session_timeout_s=2)
     with pytest.raises(ConfigError, match=r"processing_guarantee.*'exactly_once'"):
-        ProcessorConfig(processing_guarantee="exactly_once")  # see agents_adapter.processor.trajectories
+        ProcessorConfig(processing_guarantee="exactly_once")  # see agents_adapter.processor.faust_shell
     with pytest.raises(ConfigError, match="group_size"):
         ProcessorConfig(group_size=0)
     config = ProcessorConfig.from_args(["--ttl-ms", "1500", "--group-size", "4", "--no-wait-for-calls"])

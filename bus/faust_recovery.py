@@ -1,0 +1,134 @@
+"""Workarounds for faust-streaming 0.15.3 on aiokafka 0.14 that a Faust app losing no input needs.
+
+Found by the trajectory processor's SIGKILL tests; any Faust app of this project can use them.
+
+Where each partition starts (`InputGuard.seek_to_group_start`, after every recovery)
+    Faust seeks only the partitions that have a committed offset above 0; one with messages but no
+    commit was read from about its end, skipping what was produced before the worker's fetcher
+    started (the lost sessions of the SIGKILL tests: their calls were never read, and the skipped
+    offsets left an ack gap that kept the partition from ever being committed). So after every
+    recovery each partition of the guarded topics is sought to where the group resumes it
+    (`bus.consumer.group_start_offsets`: committed, else earliest).
+
+Gaps are refused (`InputGuard.refuse_gap`, installed as the consumer's gap handler)
+    Faust fills a jump in a partition's offsets as if acknowledged (meant for compacted topics), which
+    would let a commit pass inputs never processed. Topics without gaps (not compacted, no transaction
+    markers) are instead sought back over the skipped offsets.
+
+Stalled partitions (`InputGuard.unstall`, from a timer)
+    A guard: a partition with messages (highwater read from the broker) past the next offset its agent
+    has not seen (`InputGuard.seen`), and no progress for `stall_timeout_s`, is sought back to that
+    offset and logged. Re-reading must be safe for the app (the trajectory core ignores inputs it has).
+
+The changelog is the state (`drop_local_tables`, `wait_buffered`)
+    Faust writes a table entry to RocksDB at once and to the changelog asynchronously; a worker killed
+    in between would restart with local entries the changelog lacks. An app whose re-read inputs redo
+    their writes deterministically starts from the changelogs alone (its local table files dropped).
+    Faust's producer buffer gives up flushing on a slow send, so a handler waits for it to be handed to
+    the Kafka client (`wait_buffered`) before its input can be committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import time
+from collections.abc import Collection
+from pathlib import Path
+from typing import Any, Final
+
+from bus.config import BusConfig
+from bus.consumer import group_start_offsets
+
+log = logging.getLogger("sflow.bus.faust")
+_LOG: Final = {"service": "faust"}
+
+
+class InputGuard:
+    """Start offsets, gap refusal and the stall watchdog for the partitions of `topics` (full names)."""
+
+    def __init__(self, app: Any, bus: BusConfig, group_id: str, topics: Collection[str],
+                 stall_timeout_s: float) -> None:
+        self.app, self.bus, self.group_id = app, bus, group_id
+        self.topics = set(topics)
+        self.stall_timeout_s = stall_timeout_s
+        self._seek_tasks: set[asyncio.Task[None]] = set()
+        self._progress: dict[tuple[str, int], tuple[int, float]] = {}  # input tp -> next offset, when it moved
+        app.consumer._add_gap = self.refuse_gap  # module doc: "Gaps are refused"
+
+    def seen(self, message: Any) -> None:
+        """Records that an agent read `message` (the stall watchdog's progress)."""
+        self._progress[(message.topic, message.partition)] = (message.offset + 1, time.monotonic())
+
+    async def seek_to_group_start(self) -> None:
+        """Seeks each assigned partition of the guarded topics to where the group resumes it."""
+        consumer = self.app.consumer
+        tps = {(tp.topic, tp.partition): tp for tp in consumer.assignment() if tp.topic in self.topics}
+        starts = await asyncio.to_thread(group_start_offsets, self.bus, self.group_id, sorted(tps))
+        now = time.monotonic()
+        for key, offset in starts.items():
+            await consumer.seek(tps[key], offset)
+            self._progress[key] = (offset, now)
+
+    async def refuse_gap(self, tp: Any, offset_from: int, offset_to: int) -> None:
+        """Faust counts a jump in a partition's offsets as acknowledged, so its next commit would pass
+        inputs never processed. Our topics have no gaps (not compacted, no transaction markers): a jump
+        means the fetcher skipped messages, so they stay unacknowledged and the partition is sought back
+        to the first one once the message after the jump has been read (Faust drops re-fetched offsets
+        below the last one it read, so an earlier seek would be undone)."""
+        log.warning("%s[%d]: offsets %d-%d skipped by the fetcher; seeking back to %d", tp.topic, tp.partition,
+                    offset_from, offset_to - 1, offset_from, extra=_LOG)
+        task = asyncio.get_running_loop().create_task(self._seek_back(tp, offset_from, offset_to))
+        self._seek_tasks.add(task)
+        task.add_done_callback(self._seek_tasks.discard)
+
+    async def _seek_back(self, tp: Any, offset: int, after: int) -> None:
+        consumer = self.app.consumer
+        for _ in range(1000):  # bounded: the message after the jump is read within milliseconds
+            read = consumer._read_offset.get(tp)
+            if read is not None and read >= after:
+                break
+            await asyncio.sleep(0.01)
+        await consumer.seek(tp, offset)
+
+    async def unstall(self) -> None:
+        """Seeks each stalled guarded partition back to its next unprocessed offset (module doc)."""
+        consumer, now = self.app.consumer, time.monotonic()
+        tps = sorted(tp for tp in consumer.assignment() if tp.topic in self.topics)
+        if not tps:
+            return
+        try:  # from the broker: a partition the fetcher stopped fetching has no local highwater
+            ends = await consumer.highwaters(*tps)
+        except Exception as e:
+            log.warning("cannot read the input highwaters: %s", e, extra=_LOG)
+            return
+        for tp in tps:
+            high = ends.get(tp)
+            if high is None:
+                continue
+            next_offset, moved = self._progress.setdefault((tp.topic, tp.partition), (0, now))
+            if high <= next_offset or now - moved < self.stall_timeout_s:
+                continue
+            log.warning("input %s[%d] stalled at offset %d (highwater %d) for %.0f s: seeking back to it",
+                        tp.topic, tp.partition, next_offset, high, now - moved, extra=_LOG)
+            await consumer.seek(tp, next_offset)
+            self._progress[(tp.topic, tp.partition)] = (next_offset, now)
+
+
+def drop_local_tables(app: Any) -> None:
+    """Starts a worker from the changelogs alone (module doc: "The changelog is the state")."""
+    tables = Path(app.conf.tabledir)
+    if tables.is_dir():
+        shutil.rmtree(tables)
+        log.info("dropped the local table files under %s: recovering from the changelogs", tables, extra=_LOG)
+
+
+async def wait_buffered(app: Any) -> None:
+    """Waits until Faust's producer buffer handed the changelog writes to the Kafka client, so the
+    commit's flush covers them (the buffer's own flush gives up on a slow send)."""
+    buffer = app.producer.buffer
+    for _ in range(10_000):
+        if not buffer.size:
+            return
+        await asyncio.sleep(0.001)
