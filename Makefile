@@ -40,6 +40,7 @@ jars: $(JARS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mypy schemas bus infra agents_adapter inference_svc scheduler_svc trainer_svc examples
 
 test: $(STAMP) $(JARS)
