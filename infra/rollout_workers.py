@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import signal
 import threading
@@ -30,6 +29,7 @@ from bus.consumer import EventConsumer, Received
 from bus.log import configure_logging
 from infra.example import AGENT_SETTINGS, CALCULATOR, Agent, check_call, load_reference
 from schemas.events import TaskDispatched
+from schemas.payloads import TaskPayload
 
 log = logging.getLogger("sflow.rollout")
 
@@ -73,7 +73,7 @@ class Example:
 
 def row_of(event: TaskDispatched) -> dict[str, Any]:
     """The dispatched row, its `task_id` the dispatched one."""
-    return {**json.loads(event.payload), "task_id": event.task_id}
+    return {**TaskPayload.from_json(event.payload).fields, "task_id": event.task_id}
 
 
 async def run_episode(config: WorkerConfig, example: Example, task: Any, event: TaskDispatched) -> float:
