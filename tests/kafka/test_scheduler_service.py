@@ -28,7 +28,8 @@ from scheduler_svc.canonical import decision_event_id
 from scheduler_svc.config import SchedulerServiceConfig
 from scheduler_svc.errors import ConfigError, ReplayError
 from scheduler_svc.journal import Source
-from scheduler_svc.service import new_scheduler, read_journal, rebuild
+from scheduler_svc.rebuild import new_scheduler, rebuild
+from scheduler_svc.service import read_journal
 from schemas import events as ev
 from schemas.packed import Float32s, Int32s, UInt8s
 from tests.service_process import ServiceProcess
@@ -66,7 +67,7 @@ class Service(ServiceProcess):
         return self.wait_for_log("scheduler consuming", timeout_s)
 
     def dump_state(self) -> dict[str, Any]:
-        out = subprocess.run([*self.args(), "--dump-state"], cwd=REPO, env=self.env(), capture_output=True,
+        out = subprocess.run([*self.command(), "--dump-state"], cwd=REPO, env=self.environment(), capture_output=True,
                              text=True, timeout=120)
         assert out.returncode == 0, out.stderr[-3000:]
         state: dict[str, Any] = json.loads(out.stdout)
@@ -336,7 +337,7 @@ def test_scripted_inputs_give_the_expected_decisions_and_a_sigkilled_service_res
         ]
 
         replayed = subprocess.run([sys.executable, "-m", "infra.cli", "replay", "scheduler", "--run-id", RUN,
-                                   "--show-state"], cwd=REPO, env=service.env(), capture_output=True, text=True,
+                                   "--show-state"], cwd=REPO, env=service.environment(), capture_output=True, text=True,
                                   timeout=120)
         assert replayed.returncode == 0, replayed.stdout[-3000:] + replayed.stderr[-3000:]
         assert "all match" in replayed.stdout
@@ -450,7 +451,8 @@ def test_a_batch_cut_between_journal_and_decisions_is_completed_once_on_restart(
         forged = dataclasses.replace(last.event, event_id="forged", state=json.dumps(tampered))
         at = producer.publish_sync(forged).offset
         out = subprocess.run([sys.executable, "-m", "infra.cli", "replay", "scheduler", "--run-id", RUN, "--from",
-                              str(at)], cwd=REPO, env=service.env(), capture_output=True, text=True, timeout=120)
+                              str(at)], cwd=REPO, env=service.environment(), capture_output=True, text=True,
+                             timeout=120)
         assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
         assert "1 recorded states checked, MISMATCH" in out.stdout
         assert "core.loader.cursor" in out.stdout and "differs" in out.stdout
