@@ -54,9 +54,9 @@ def load_reference(reference: str) -> Callable[..., Any]:
     return target
 
 
-def check_call(reference: str, target: Callable[..., Any], n_args: int, kwargs: Mapping[str, Any]) -> None:
+def check_call(field: str, reference: str, target: Callable[..., Any], n_args: int, kwargs: Mapping[str, Any]) -> None:
     """Refuses a callable that cannot take the call the framework makes (a missing argument, an option it
-    does not accept)."""
+    does not accept); the error names the field that named it."""
     try:
         signature = inspect.signature(target)
     except (TypeError, ValueError):
@@ -65,7 +65,7 @@ def check_call(reference: str, target: Callable[..., Any], n_args: int, kwargs: 
         signature.bind(*([_ANY] * n_args), **kwargs)
     except TypeError as e:
         names = ", ".join(["_"] * n_args + [f"{k}=" for k in kwargs])
-        raise InfraError(f"{reference!r} cannot be called as ({names}): {e}") from e
+        raise InfraError(f"{field}={reference!r} cannot be called as ({names}): {e}") from e
 
 
 def _loadable(reference: str) -> str:
@@ -101,19 +101,23 @@ class ExampleSection(BaseModel):
             raise ValueError(f"give one of tasks={self.tasks!r} and tasks_file={self.tasks_file!r}")
         if self.warmup is not None and self.warmup_file is not None:
             raise ValueError(f"give at most one of warmup={self.warmup!r} and warmup_file={self.warmup_file!r}")
-        for path in (self.tasks_file, self.warmup_file):
+        for options, generator in (("tasks_options", self.tasks), ("warmup_options", self.warmup)):
+            if getattr(self, options) and generator is None:
+                raise ValueError(f"{options}={getattr(self, options)!r} is given without a generator to take it")
+        for field, path in (("tasks_file", self.tasks_file), ("warmup_file", self.warmup_file)):
             if path is not None and not path.is_file():
-                raise ValueError(f"{str(path)!r} is not a file")
-        calls: list[tuple[str | None, int, Mapping[str, Any]]] = [
-            (self.tasks, 2, self.tasks_options), (self.task, 1, {}),
-            (self.agent, 1, dict.fromkeys(AGENT_SETTINGS, _ANY)), (self.reward, 2, {}),
-            (self.warmup, 2, self.warmup_options)]
-        for reference, n_args, kwargs in calls:
+                raise ValueError(f"{field}={str(path)!r} is not a file")
+        calls: list[tuple[str, str | None, int, Mapping[str, Any]]] = [
+            ("tasks", self.tasks, 2, self.tasks_options), ("task", self.task, 1, {}),
+            ("agent", self.agent, 1, dict.fromkeys(AGENT_SETTINGS, _ANY)), ("reward", self.reward, 2, {}),
+            ("warmup", self.warmup, 2, self.warmup_options)]
+        for field, reference, n_args, kwargs in calls:
             if reference is not None:
                 try:
-                    check_call(reference, load_reference(reference), n_args, kwargs)
+                    check_call(field, reference, load_reference(reference), n_args, kwargs)
                 except InfraError as e:
-                    raise ValueError(str(e)) from e
+                    options = f" (its {field}_options={dict(kwargs)!r})" if field in ("tasks", "warmup") else ""
+                    raise ValueError(f"{e}{options}") from e
         return self
 
 

@@ -66,7 +66,7 @@ class Example:
     def load(cls, config: WorkerConfig) -> Example:
         settings = {name: getattr(config, name) for name in AGENT_SETTINGS}
         agent_factory = load_reference(config.agent)
-        check_call(config.agent, agent_factory, 1, settings)
+        check_call("agent", config.agent, agent_factory, 1, settings)
         task_of = load_reference(config.task) if config.task else dict
         return cls(agent_factory(config.model, **settings), task_of, load_reference(config.reward))
 
