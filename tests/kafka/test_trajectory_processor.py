@@ -30,12 +30,15 @@ from agents_adapter.processor.replay import ReplayReport, first_difference, repl
 from agents_adapter.processor.session_records import SessionDelta, trajectory_event_id
 from agents_adapter.processor.table_codec import CLOSED, DELTA, TableKey
 from agents_adapter.processor.tree_delta import AddCall
+from bus.admin import ensure_topics
 from bus.config import BusConfig
 from bus.consumer import EventConsumer, Received, consumer_settings, fetch_ready, unique_group
 from bus.dedupe import Deduplicator
 from bus.errors import ConsumeError
+from bus.faust_liveness import EXIT_BROKER_LOST
 from bus.producer import EventProducer
 from bus.replay import ReplayRange, replay
+from infra.kafka.cluster import KafkaCluster, free_base_port
 from schemas.events import (
     BatchReady,
     DeadLetter,
@@ -613,3 +616,29 @@ def _interleaved(sessions: list[list[Event]], rounds_apart: int) -> list[Event]:
             if 0 <= k - i % rounds_apart < len(events):
                 stream.append(events[k - i % rounds_apart])
     return stream
+
+
+@pytest.mark.kafka
+def test_a_worker_whose_broker_is_gone_exits_with_status_3(tmp_path: Path) -> None:
+    """A broker of its own (stopping the session broker would end the other tests): the worker runs on
+    it, the broker stops, and the worker exits within its broker_lost_timeout_s instead of spinning."""
+    cluster = KafkaCluster(tmp_path / "kafka", nodes=1, base_port=free_base_port())
+    cluster.start()
+    worker: Worker | None = None
+    try:
+        config = BusConfig(bootstrap_servers=cluster.bootstrap_servers, topic_prefix="lost.", client_id="pytest")
+        ensure_topics(config)
+        worker = Worker(config, tmp_path / "data", tmp_path / "worker.log", **{"broker-lost-timeout-s": 5})
+        worker.start()
+        worker.wait_ready()
+        cluster.stop()
+        assert worker.proc is not None
+        deadline = time.monotonic() + 60
+        while worker.proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert worker.proc.poll() == EXIT_BROKER_LOST, worker.tail()
+        assert "reachable for" in worker.this_start_log()
+    finally:
+        if worker is not None:
+            worker.stop()
+        cluster.stop(kill=True)
