@@ -40,9 +40,9 @@ class ProcessorConfig(ConfigModel):
     producer: str = "trajectory-processor"
     """The `producer` field of Trajectory and BatchReady events; part of their bytes, so a replay that
     compares bytes must use the same value."""
-    ttl_ms: int = Field(30 * 60_000, ge=1)
+    ttl_ms: int = Field(default=30 * 60_000, ge=1)
     """A session with no input for this long is closed with status timeout."""
-    tick_interval_s: float = Field(5.0, gt=0, le=3600)
+    tick_interval_s: float = Field(default=5.0, gt=0, le=3600)
     """How often the TTL timer ticks (a timeout fires at most this late)."""
     closed_retention_ms: int = 3_600_000
     """How long a closed session's tombstone (and a fired group's marker) drops late inputs; must cover the
@@ -54,15 +54,15 @@ class ProcessorConfig(ConfigModel):
     """SessionStarted metadata key holding the group size."""
     wait_for_calls: bool = True
     """Keep a session open until SessionEnded.num_calls calls arrived (or the TTL)."""
-    commit_interval_s: float = Field(2.8, gt=0, le=600)
+    commit_interval_s: float = Field(default=2.8, gt=0, le=600)
     """Faust's offset commit interval (how much a killed worker re-reads)."""
-    stall_timeout_s: float = Field(15.0, ge=1, le=3600)
+    stall_timeout_s: float = Field(default=15.0, ge=1, le=3600)
     """An input partition with unread messages and no progress for this long is sought back to its next
     unprocessed offset ("Stalled partitions" in `bus.faust_recovery`)."""
-    session_timeout_s: float = Field(30.0, ge=6, le=300)
+    session_timeout_s: float = Field(default=30.0, ge=6, le=300)
     """Kafka consumer session timeout (how long a killed worker holds its partitions before the group
     rebalances them; the broker's limits are 6 s to 300 s)."""
-    broker_lost_timeout_s: float = Field(60.0, ge=1, le=3600)
+    broker_lost_timeout_s: float = Field(default=60.0, ge=1, le=3600)
     """With no broker of `bus` reachable for this long the worker logs it and exits with status 3 (its
     supervisor restarts it) instead of retrying forever ("Broker lost" in `bus.faust_liveness`)."""
     processing_guarantee: Literal["at_least_once"] = "at_least_once"
