@@ -42,10 +42,11 @@ class ManagedProcess:
 
     def __init__(self, module: str, args: Sequence[str] = (), *, log: Path | None = None,
                  env: Mapping[str, str] | None = None, cwd: Path | None = None, cpus: Collection[int] | None = None,
-                 name: str | None = None) -> None:
+                 name: str | None = None, stop_timeout_s: float = 20.0) -> None:
         self.module, self.args, self.cwd = module, list(args), cwd
-        self.env = dict(env or {})
+        self.extra_env = dict(env or {})
         self.cpus = set(cpus) if cpus else None
+        self.stop_timeout_s = stop_timeout_s
         self.name = name or module
         if log is None:
             handle, path = tempfile.mkstemp(prefix=f"{self.name}-", suffix=".log")
@@ -54,6 +55,13 @@ class ManagedProcess:
         self.log = log
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", self.module, *self.args]
+
+    def environment(self) -> dict[str, str]:
+        """The child's environment: this process's, unbuffered output, then `env`."""
+        return {**os.environ, "PYTHONUNBUFFERED": "1", **self.extra_env}
 
     def _pin(self) -> None:
         if self.cpus:
@@ -64,11 +72,10 @@ class ManagedProcess:
         if self.running():
             raise ProcessError(f"{self.name} is already running (pid {self.pid})")
         self.starts += 1
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
         with open(self.log, "ab") as out:
             out.write(f"\n===== start {self.starts}{f' ({note})' if note else ''} =====\n".encode())
             out.flush()
-            self.proc = subprocess.Popen([sys.executable, "-m", self.module, *self.args], cwd=self.cwd, env=env,
+            self.proc = subprocess.Popen(self.command(), cwd=self.cwd, env=self.environment(),
                                          stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                                          preexec_fn=self._pin if self.cpus else None)
         return self
@@ -135,16 +142,16 @@ class ManagedProcess:
             self._signal(signal.SIGKILL)
             self.wait_exit(10)
 
-    def stop(self, timeout_s: float = 20.0) -> int | None:
-        """SIGTERM, then SIGKILL after `timeout_s`; the exit status of a clean stop (None: killed, or never
-        started)."""
+    def stop(self, timeout_s: float | None = None) -> int | None:
+        """SIGTERM, then SIGKILL after `timeout_s` (default: `stop_timeout_s`); the exit status of a clean
+        stop (None: killed, or never started)."""
         if self.proc is None:
             return None
         if not self.running():
             return self.proc.returncode
         self._signal(signal.SIGTERM)
         try:
-            return self.proc.wait(timeout_s)
+            return self.proc.wait(self.stop_timeout_s if timeout_s is None else timeout_s)
         except subprocess.TimeoutExpired:
             self.kill()
             return None

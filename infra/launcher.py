@@ -13,15 +13,13 @@ import json
 import logging
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
-
+from bus.errors import ProcessError
+from bus.process import ManagedProcess
 from infra.errors import InfraError
 
 log = logging.getLogger("sflow.launcher")
@@ -52,42 +50,25 @@ class Launcher:
         self.logs.mkdir(parents=True, exist_ok=True)
         self.pid_file = run_dir / "pids.json"
         self.specs: dict[str, ServiceSpec] = {}
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.procs: dict[str, ManagedProcess] = {}
 
     def _write_pids(self) -> None:
-        pids = {name: p.pid for name, p in self.procs.items() if p.poll() is None}
+        pids = {name: p.pid for name, p in self.procs.items() if p.running()}
         self.pid_file.write_text(json.dumps(pids))
 
-    def start(self, spec: ServiceSpec, wait_s: float = 120.0) -> None:
-        if spec.name in self.procs and self.procs[spec.name].poll() is None:
-            raise InfraError(f"service {spec.name} is already running (pid {self.procs[spec.name].pid})")
+    def _process(self, spec: ServiceSpec) -> ManagedProcess:
         threads = str(spec.threads)
-        env = {
-            **os.environ,
-            "OMP_NUM_THREADS": threads,
-            "MKL_NUM_THREADS": threads,
-            "OPENBLAS_NUM_THREADS": threads,
-            "SFLOW_TORCH_THREADS": threads,
-            "TOKENIZERS_PARALLELISM": "false",
-            "PYTHONUNBUFFERED": "1",
-            **spec.env,
-        }
-        cpus = set(spec.cpus) if spec.cpus is not None else None
+        env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "OPENBLAS_NUM_THREADS": threads,
+               "SFLOW_TORCH_THREADS": threads, "TOKENIZERS_PARALLELISM": "false", **spec.env}
+        return ManagedProcess(spec.module, spec.args, log=self.logs / f"{spec.name}.log", env=env, cpus=spec.cpus,
+                              name=spec.name)
 
-        def pin() -> None:
-            if cpus:
-                os.sched_setaffinity(0, cpus)
-
-        out = open(self.logs / f"{spec.name}.log", "ab")  # noqa: SIM115 - owned by the child
-        proc = subprocess.Popen(
-            [sys.executable, "-m", spec.module, *spec.args],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=pin if cpus else None,
-        )
-        out.close()
+    def start(self, spec: ServiceSpec, wait_s: float = 120.0) -> None:
+        known = self.procs.get(spec.name)
+        if known is not None and known.running():
+            raise InfraError(f"service {spec.name} is already running (pid {known.pid})")
+        proc = known if known is not None and self.specs[spec.name] == spec else self._process(spec)
+        proc.start()
         self.specs[spec.name] = spec
         self.procs[spec.name] = proc
         self._write_pids()
@@ -96,50 +77,31 @@ class Launcher:
             self.wait_healthy(spec, wait_s)
 
     def wait_healthy(self, spec: ServiceSpec, wait_s: float) -> None:
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline:
-            proc = self.procs[spec.name]
-            if proc.poll() is not None:
-                raise InfraError(f"{spec.name} exited with {proc.returncode}; see {self.logs / spec.name}.log")
-            try:
-                if httpx.get(spec.health_url or "", timeout=2.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
-        raise InfraError(f"{spec.name} not healthy after {wait_s}s; see {self.logs / spec.name}.log")
+        try:
+            self.procs[spec.name].wait_healthy(spec.health_url or "", wait_s)
+        except ProcessError as e:
+            raise InfraError(str(e)) from e
 
     def kill(self, name: str) -> None:
         """SIGKILL one service (fault injection)."""
-        proc = self.procs[name]
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        self.procs[name].kill()
         self._write_pids()
 
     def restart(self, name: str, wait_s: float = 120.0) -> None:
         self.start(self.specs[name], wait_s)
 
     def running(self) -> list[str]:
-        return [n for n, p in self.procs.items() if p.poll() is None]
+        return [n for n, p in self.procs.items() if p.running()]
 
     def stop(self, name: str, timeout_s: float = 20.0) -> None:
         proc = self.procs.get(name)
-        if proc is None or proc.poll() is not None:
-            return
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        except ProcessLookupError:
-            pass
+        if proc is not None:
+            proc.stop(timeout_s)
 
     def stop_all(self) -> None:
         for name in reversed(list(self.procs)):
             self.stop(name)
         self._write_pids()
-
 
 def stop_recorded(run_dir: Path) -> list[str]:
     """Stops the services an earlier launcher recorded in `run_dir/pids.json` (for `sflow down`)."""

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -198,23 +197,13 @@ class ProxyProcess(ServiceProcess):
         self.port = free_port()
         super().__init__("agents_adapter.proxy", bus, log, {
             "model-path": model_dir, "port": self.port, "endpoint": f"rollout-a={engine_url}",
-            "session-store-path": store, "log-level": "info"})
+            "session-store-path": store, "log-level": "info"},
+            env={"SFLOW_ADAPTER_API_KEYS": "agent-a=key-a,agent-b=key-b", "OMP_NUM_THREADS": "1"})
         self.url = f"http://127.0.0.1:{self.port}"
 
-    def env(self) -> dict[str, str]:
-        return super().env() | {"SFLOW_ADAPTER_API_KEYS": "agent-a=key-a,agent-b=key-b", "OMP_NUM_THREADS": "1"}
-
     def wait_ready(self, timeout_s: float = 90.0) -> ProxyProcess:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            assert self.proc is not None and self.proc.poll() is None, f"the proxy exited:\n{self.tail()}"
-            try:
-                if httpx.get(f"{self.url}/health", timeout=1.0).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise AssertionError(f"the proxy did not come up:\n{self.tail()}")
+        self.wait_healthy(f"{self.url}/health", timeout_s)
+        return self
 
 
 @pytest.fixture

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,6 +13,7 @@ import pytest
 from bus.config import BusConfig
 from bus.consumer import EventConsumer, unique_group
 from bus.errors import ConsumeError
+from bus.process import ManagedProcess
 from bus.producer import EventProducer
 from bus.replay import replay
 from inference_svc.bus_shell import InferenceBusShell
@@ -37,31 +35,19 @@ def free_port() -> int:
 @pytest.fixture
 def service(bus_config: BusConfig, tiny_model_dir: Path, perturbed_model_dir: Path, tmp_path: Path) -> Iterator[str]:
     port = free_port()
-    env = {**os.environ, "SFLOW_BOOTSTRAP": bus_config.bootstrap_servers, "SFLOW_TOPIC_PREFIX": bus_config.topic_prefix}
-    log = open(tmp_path / "infer.log", "wb")  # noqa: SIM115
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "inference_svc", "--model-path", str(tiny_model_dir), "--port", str(port),
-         "--resource-id", "r7", "--join-bus", "--capability", "rollout", "--capability", "train",
-         "--heartbeat-interval-s", "0.5", "--peak-flops", "1e12", "--hbm-bandwidth", "1e10",
-         "--served-model-name", "tiny", "--max-context", "1024", "--weights-root", str(perturbed_model_dir)],
-        cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-    )
+    proc = ManagedProcess("inference_svc", [
+        "--model-path", str(tiny_model_dir), "--port", str(port), "--resource-id", "r7", "--join-bus",
+        "--capability", "rollout", "--capability", "train", "--heartbeat-interval-s", "0.5", "--peak-flops", "1e12",
+        "--hbm-bandwidth", "1e10", "--served-model-name", "tiny", "--max-context", "1024",
+        "--weights-root", str(perturbed_model_dir)], log=tmp_path / "infer.log", cwd=REPO,
+        env={"SFLOW_BOOTSTRAP": bus_config.bootstrap_servers, "SFLOW_TOPIC_PREFIX": bus_config.topic_prefix},
+        stop_timeout_s=30.0)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, (tmp_path / "infer.log").read_text()[-3000:]
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.3)
+        proc.start().wait_healthy(f"{url}/health", timeout_s=90)
         yield url
     finally:
-        proc.terminate()
-        proc.wait(30)
-        log.close()
-
+        proc.stop()
 
 def wait_for(consumer: EventConsumer, pred: Callable[[ev.Event], bool], timeout_s: float = 60) -> ev.Event:
     deadline = time.monotonic() + timeout_s

@@ -12,11 +12,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import random
 import signal
-import subprocess
-import sys
 import time
 import zlib
 from collections.abc import Callable, Iterator
@@ -46,6 +43,7 @@ from schemas.events import (
 )
 from schemas.packed import Float32s, Int32s
 from tests.factories import TINY_SPEC
+from tests.service_process import ServiceProcess
 from trainer_svc import checkpoint as ckpt
 from trainer_svc.config import ServiceConfig
 from trainer_svc.errors import ConfigError
@@ -147,62 +145,25 @@ class Bus:
         self.producer.close()
 
 
-class Service:
-    """`python -m trainer_svc` in its own process group, logging to a file."""
+class Service(ServiceProcess):
+    """`python -m trainer_svc` on the test's topics, each start with its fault (SFLOW_TRAINER_FAULT)."""
 
     def __init__(self, config: BusConfig, model_dir: Path, weights_root: Path, log: Path, **options: object) -> None:
-        self.config, self.log = config, log
-        self.options: dict[str, object] = {
+        self.config = config
+        super().__init__("trainer_svc", config, log, {
             "run-id": RUN, "base-model-dir": model_dir, "weights-root": weights_root, "resource-id": RESOURCE,
             "model-name": "tiny", "poll-timeout-s": 0.2, "log-level": "info", **options,
-        }
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.starts = 0
+        }, env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1"})
+        self.stop_timeout_s = 60.0
+
+    def command(self) -> list[str]:
+        command = super().command()  # python -m trainer_svc --flag value ...
+        return [*command[:3], "--set", "engine.device=cpu", "--set", "engine.learning_rate=0.01", *command[3:]]
 
     def start(self, fault: str = "") -> Service:
-        args = [sys.executable, "-m", "trainer_svc", "--set", "engine.device=cpu", "--set", "engine.learning_rate=0.01"]
-        for name, value in self.options.items():
-            args += [f"--{name}", str(value)]
-        env = {**os.environ, "PYTHONPATH": str(REPO), "SFLOW_BOOTSTRAP": self.config.bootstrap_servers,
-               "SFLOW_TOPIC_PREFIX": self.config.topic_prefix, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-               "OMP_NUM_THREADS": "1", "SFLOW_TRAINER_FAULT": fault}
-        self.starts += 1
-        with open(self.log, "ab") as out:
-            out.write(f"\n===== start {self.starts} (fault: {fault or 'none'}) =====\n".encode())
-            self.proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
+        self.extra_env["SFLOW_TRAINER_FAULT"] = fault
+        super().start(note=f"fault: {fault or 'none'}")
         return self
-
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def kill(self) -> None:
-        """SIGKILL: nothing flushed, nothing closed."""
-        assert self.proc is not None
-        os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(10)
-
-    def wait_exit(self, timeout_s: float = 180.0) -> int:
-        assert self.proc is not None
-        try:
-            return self.proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"service still running after {timeout_s}s:\n{self.tail()}") from None
-
-    def stop(self) -> int | None:
-        if self.proc is None or self.proc.poll() is not None:
-            return None if self.proc is None else self.proc.returncode
-        os.kill(self.proc.pid, signal.SIGTERM)
-        try:
-            return self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.kill(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
-            return None
-
-    def tail(self, n: int = 60) -> str:
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
-
 
 def wait_until(check: Callable[[], Any], service: Service, what: str, timeout_s: float = 180.0) -> Any:
     deadline = time.monotonic() + timeout_s
@@ -416,7 +377,7 @@ def test_restarts_train_every_trajectory_exactly_once(
     # run 2: the rest arrives; step 2 computes, then the process dies before its checkpoint
     bus.publish(g_early[0][1], g_early[1], *g_d[0], g_d[1])
     service.start(fault="kill-before-checkpoint@2")
-    assert service.wait_exit() == -signal.SIGKILL
+    assert service.wait_exit(180) == -signal.SIGKILL
     assert not (root / "v000002").exists() and 2 not in bus.completed()
     started = [e for e in bus.outputs() if isinstance(e, TrainStepStarted) and e.step == 2]
     assert len(started) == 1
@@ -428,7 +389,7 @@ def test_restarts_train_every_trajectory_exactly_once(
     state = ckpt.read_progress(root / "v000002").consumed_offsets
     assert not ids_of(g_early, g_a, g_b) & set(state["done_trajectories"])  # behind the offsets now: forgotten
     bus.publish(*g_e[0], g_e[1], *g_f[0], g_f[1])
-    assert service.wait_exit() == -signal.SIGKILL
+    assert service.wait_exit(180) == -signal.SIGKILL
     assert (root / "v000003").is_dir() and 3 not in bus.completed()
 
     # run 4: finds step 3 done and publishes its events (from the checkpoint), trains nothing again
