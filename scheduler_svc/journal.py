@@ -11,6 +11,10 @@ and does everything that decides something, without Kafka:
     replay(record)             the same for a recorded journal entry (rebuild), checked against it
     checkpoint(with_state)     a SchedulerCheckpoint (decision config, counters, optionally the state)
 
+The pieces live by concern: the facts of each event in `inputs` (`EventInputs.input_of`), decisions
+to events in `decision_events`, ids and canonical JSON in `canonical`; this module derives the core
+observations and keeps the journal's order.
+
 Everything it produces is a function of the journal alone: decision events carry deterministic ids
 (`decision_event_id(run_id, n)` for the n-th decision event of the run) and their `ts_ms` is the time
 of the observation that caused them, so rebuilding from the journal re-creates byte-identical events
