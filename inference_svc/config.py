@@ -23,7 +23,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
-from schemas.inference.client import CONTROL_KEY_ENV, control_key_from_env
+from schemas.inference.control import CONTROL_KEY_ENV, control_key_from_env
 
 _DEVICE_RE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 DTYPES = ("float32", "bfloat16", "float16")

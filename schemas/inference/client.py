@@ -14,7 +14,6 @@ service's environment (the proxy, the tests, RemoteEngineControl) need no change
 from __future__ import annotations
 
 import asyncio
-import os
 import threading
 import time
 from collections.abc import Coroutine
@@ -22,9 +21,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
-from pydantic import SecretStr
 
-from schemas.inference.control import EngineControl
+from schemas.inference.control import EngineControl, control_key_from_env
 from schemas.inference.errors import InferenceHTTPError
 from schemas.inference.protocol import (
     ControlResponse,
@@ -37,15 +35,6 @@ from schemas.inference.protocol import (
 from schemas.inference.types import EngineStats, WeightUpdateResult
 
 _T = TypeVar("_T")
-
-
-CONTROL_KEY_ENV = "SFLOW_INFERENCE_KEY"
-
-
-def control_key_from_env() -> SecretStr | None:
-    """The control key of the environment (shared by the service and its clients), if any."""
-    value = os.environ.get(CONTROL_KEY_ENV, "")
-    return SecretStr(value) if value else None
 
 
 

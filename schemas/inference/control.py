@@ -13,10 +13,21 @@ the contract.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+from pydantic import SecretStr
+
 from schemas.inference.types import EngineStats, WeightUpdateResult
+
+CONTROL_KEY_ENV = "SFLOW_INFERENCE_KEY"
+
+
+def control_key_from_env() -> SecretStr | None:
+    """The control key of the environment (shared by the service and its clients), if any."""
+    value = os.environ.get(CONTROL_KEY_ENV, "")
+    return SecretStr(value) if value else None
 
 
 @runtime_checkable
