@@ -139,6 +139,14 @@ def discard(staging: Path) -> None:
     shutil.rmtree(staging, ignore_errors=True)
 
 
+def discard_staging(root: Path) -> None:
+    """Half-written checkpoints of a crashed attempt under `root` (`commit` never renamed them into place)."""
+    if root.is_dir():
+        for child in root.iterdir():
+            if child.name.startswith(".") and ".tmp-" in child.name and child.is_dir():
+                discard(child)
+
+
 def latest_checkpoint(root: Path) -> Path | None:
     """The committed checkpoint under `root` with the highest step (staging folders are ignored)."""
     best: tuple[int, Path] | None = None

@@ -1,4 +1,5 @@
-"""RL losses on per-token tensors: GRPO advantages, PPO with a critic and GAE, and the decoupled objective.
+"""RL losses on per-token tensors: the decoupled PPO objective, the critic's loss, aggregation weights and
+staleness masks (the advantages they take are in `trainer_svc.advantages`).
 
 Plain torch, no model, no Kafka: every function takes flat (or batched) per-token tensors, so the
 trainer, the tests and the benchmark drive the same code.
@@ -26,7 +27,7 @@ The decoupled objective (AReaL, "asynchronous RL with a decoupled PPO objective"
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -35,79 +36,6 @@ from torch import Tensor
 from trainer_svc.config import Aggregation, ImportanceWeightMode
 
 _LOG_RATIO_LIMIT = 20.0  # exp(20) ~ 5e8: bounds a ratio whose logprobs came from a diverged policy
-
-
-# --- advantages ------------------------------------------------------------------------------
-
-
-def grpo_advantages(
-    rewards: Tensor, group_ids: Sequence[Hashable], *, normalize_std: bool = True, eps: float = 1e-6
-) -> Tensor:
-    """Per-sample GRPO advantage: reward minus its group's mean, divided by the group's std if asked.
-
-    The std is the unbiased sample std (as in DeepSeekMath / verl). A group of one sample has no
-    baseline: its advantage is 0, so a lone sample teaches nothing rather than its raw reward.
-    A group whose rewards are all equal also gets 0 (nothing to prefer).
-    """
-    if rewards.dim() != 1 or rewards.numel() != len(group_ids):
-        raise ValueError(f"rewards of shape {tuple(rewards.shape)} do not match {len(group_ids)} group ids")
-    rewards = rewards.to(torch.float64)
-    advantages = torch.zeros_like(rewards)
-    members: dict[Hashable, list[int]] = {}
-    for index, group in enumerate(group_ids):
-        members.setdefault(group, []).append(index)
-    for indices in members.values():
-        if len(indices) < 2:
-            continue
-        idx = torch.tensor(indices)
-        group_rewards = rewards[idx]
-        centred = group_rewards - group_rewards.mean()
-        std = group_rewards.std(unbiased=True)
-        if normalize_std and std > 0:
-            centred = centred / (std + eps)
-        advantages[idx] = centred
-    return advantages.to(torch.float32)
-
-
-def gae(
-    rewards: Tensor, values: Tensor, action_mask: Tensor, *, gamma: float = 1.0, lam: float = 1.0
-) -> tuple[Tensor, Tensor]:
-    """Generalised advantage estimation along the last dimension, over action tokens only.
-
-    `values[..., t]` is the critic's value of the state *before* token t is generated, `rewards` is
-    0 except where the environment gave one (the session reward on the last generated token).
-    Given tokens (prompt, tool output) are not time steps: the recursion jumps over them, so the
-    next state of the last token of a turn is the first token the policy generates in the next turn.
-    After the last action the episode ends (next value 0). Returns (advantages, returns), both zero
-    where `action_mask` is 0.
-    """
-    mask = action_mask.to(torch.bool)
-    rewards = rewards.to(torch.float32)
-    values = values.to(torch.float32)
-    advantages = torch.zeros_like(values)
-    next_value = torch.zeros_like(values[..., 0])
-    next_advantage = torch.zeros_like(values[..., 0])
-    for t in range(values.shape[-1] - 1, -1, -1):
-        delta = rewards[..., t] + gamma * next_value - values[..., t]
-        advantage = delta + gamma * lam * next_advantage
-        is_action = mask[..., t]
-        advantages[..., t] = torch.where(is_action, advantage, torch.zeros_like(advantage))
-        next_value = torch.where(is_action, values[..., t], next_value)
-        next_advantage = torch.where(is_action, advantage, next_advantage)
-    returns = torch.where(mask, advantages + values, torch.zeros_like(values))
-    return advantages, returns
-
-
-def whiten(values: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
-    """Zero-mean unit-variance over the masked entries (PPO advantage normalisation); 0 elsewhere."""
-    m = mask.to(torch.bool)
-    count = int(m.sum())
-    if count == 0:
-        return torch.zeros_like(values)
-    selected = values[m]
-    mean = selected.mean()
-    var = selected.var(unbiased=False) if count > 1 else torch.zeros((), dtype=values.dtype)
-    return torch.where(m, (values - mean) * torch.rsqrt(var + eps), torch.zeros_like(values))
 
 
 # --- aggregation -------------------------------------------------------------------------------
@@ -300,28 +228,11 @@ def decoupled_ppo_loss(
     mask = loss_mask.to(torch.bool)
     stats = LossStats()
     if versions is not None and current_version is not None:
-        fresh = fresh_mask(mask, versions, current_version, max_staleness)
-        stats.staleness_histogram = staleness_histogram(mask, versions, current_version, max_staleness)
-        stats.stale_tokens = int((mask & ~fresh).sum())
-        mask = fresh
-
+        mask = _drop_stale(mask, versions, current_version, max_staleness, stats)
     proximal = proximal_logprobs.detach()
-    iw = torch.exp((proximal - behaviour_logprobs.detach()).clamp(-_LOG_RATIO_LIMIT, _LOG_RATIO_LIMIT))
-    if iw_cap is not None:
-        over_cap = iw > iw_cap
-        stats.iw_capped = int((over_cap & mask).sum())
-        if iw_mode == "mask":
-            mask = mask & ~over_cap
-        iw = iw.clamp(max=iw_cap)
-
+    iw, mask = _behaviour_weights(proximal, behaviour_logprobs, mask, iw_cap, iw_mode, stats)
     weights = torch.where(mask, token_weights, torch.zeros_like(token_weights))
-    ratio = torch.exp((logprobs - proximal).clamp(-_LOG_RATIO_LIMIT, _LOG_RATIO_LIMIT))
-    high = clip_eps if clip_eps_high is None else clip_eps_high
-    unclipped = -advantages * ratio
-    clipped = -advantages * ratio.clamp(1.0 - clip_eps, 1.0 + high)
-    surrogate = torch.maximum(unclipped, clipped)
-    if dual_clip is not None:
-        surrogate = torch.where(advantages < 0, torch.minimum(surrogate, -advantages * dual_clip), surrogate)
+    surrogate, clipped = _clipped_surrogate(logprobs, proximal, advantages, clip_eps, clip_eps_high, dual_clip)
     policy_loss = (weights * iw * surrogate).sum()
 
     kl_loss = torch.zeros((), dtype=policy_loss.dtype)
@@ -335,7 +246,7 @@ def decoupled_ppo_loss(
         stats.tokens = int(mask.sum())
         stats.loss, stats.policy_loss = float(loss.detach()), float(policy_loss.detach())
         stats.kl_loss = float(kl_loss.detach())
-        stats.clipped = int(((clipped > unclipped) & mask).sum())
+        stats.clipped = int((clipped & mask).sum())
         stats.kl_behaviour_sum = float(k3_kl(logprobs, behaviour_logprobs)[mask].sum())
         stats.kl_proximal_sum = float(k3_kl(logprobs, proximal)[mask].sum())
         if stats.tokens:
@@ -344,6 +255,42 @@ def decoupled_ppo_loss(
                 selected.min()
             )
     return loss, stats
+
+
+def _drop_stale(mask: Tensor, versions: Tensor, current_version: int, max_staleness: int | None,
+                stats: LossStats) -> Tensor:
+    """The fresh part of `mask`; what was stale is counted in `stats`."""
+    fresh = fresh_mask(mask, versions, current_version, max_staleness)
+    stats.staleness_histogram = staleness_histogram(mask, versions, current_version, max_staleness)
+    stats.stale_tokens = int((mask & ~fresh).sum())
+    return fresh
+
+
+def _behaviour_weights(proximal: Tensor, behaviour_logprobs: Tensor, mask: Tensor, iw_cap: float | None,
+                       iw_mode: ImportanceWeightMode, stats: LossStats) -> tuple[Tensor, Tensor]:
+    """(capped importance weights pi_prox / pi_behav, the mask without tokens over the cap when
+    iw_mode="mask"); the weights carry no gradient."""
+    iw = torch.exp((proximal - behaviour_logprobs.detach()).clamp(-_LOG_RATIO_LIMIT, _LOG_RATIO_LIMIT))
+    if iw_cap is not None:
+        over_cap = iw > iw_cap
+        stats.iw_capped = int((over_cap & mask).sum())
+        if iw_mode == "mask":
+            mask = mask & ~over_cap
+        iw = iw.clamp(max=iw_cap)
+    return iw, mask
+
+
+def _clipped_surrogate(logprobs: Tensor, proximal: Tensor, advantages: Tensor, clip_eps: float,
+                       clip_eps_high: float | None, dual_clip: float | None) -> tuple[Tensor, Tensor]:
+    """(per-token clipped surrogate against the proximal policy, which tokens the clip bound)."""
+    ratio = torch.exp((logprobs - proximal).clamp(-_LOG_RATIO_LIMIT, _LOG_RATIO_LIMIT))
+    high = clip_eps if clip_eps_high is None else clip_eps_high
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1.0 - clip_eps, 1.0 + high)
+    surrogate = torch.maximum(unclipped, clipped)
+    if dual_clip is not None:
+        surrogate = torch.where(advantages < 0, torch.minimum(surrogate, -advantages * dual_clip), surrogate)
+    return surrogate, (clipped > unclipped).detach()
 
 
 # --- critic ----------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ import hashlib
 import json
 import random
 import signal
+import sys
 import time
 import zlib
 from collections.abc import Callable, Iterator
@@ -29,6 +30,7 @@ from agents_adapter.processor.session_records import trajectory_event_id
 from bus.config import BusConfig
 from bus.producer import Delivered, EventProducer
 from bus.replay import replay
+from schemas.errors import PayloadError
 from schemas.events import (
     Assignment,
     BatchReady,
@@ -42,14 +44,19 @@ from schemas.events import (
     WeightsPublished,
 )
 from schemas.packed import Float32s, Int32s
+from schemas.payloads import AssignmentPayload
 from tests.factories import TINY_SPEC
 from tests.service_process import ServiceProcess
 from trainer_svc import checkpoint as ckpt
+from trainer_svc import planner
+from trainer_svc.buffer import Position
 from trainer_svc.config import ServiceConfig
 from trainer_svc.errors import ConfigError
-from trainer_svc.service import Ledger, Position, groups_of_payload, step_event_id
+from trainer_svc.ledger import Ledger
+from trainer_svc.step_events import step_event_id
 
 REPO = Path(__file__).resolve().parents[2]
+FAULT_RUNNER = Path(__file__).with_name("trainer_fault_runner.py")
 RUN = "run-test"
 RESOURCE = "trainer-0"
 PARTITIONS = 4  # of `trajectories` (bus.topics.CATALOG)
@@ -92,10 +99,13 @@ def group(group_id: str, size: int = 2, version: int = 0) -> tuple[list[Trajecto
     return members, ready[0]
 
 
-def assignment(aid: str, version: int, payload: dict[str, Any], kind: str = "train",
+def assignment(aid: str, version: int, group_ids: tuple[str, ...] | None = None, kind: str = "train",
                resources: tuple[str, ...] = (RESOURCE,)) -> Assignment:
+    """An Assignment with the scheduler's payload (`AssignmentPayload`); `group_ids` names its groups in
+    the payload (None, as the scheduler writes it: they come as TrainData)."""
+    payload = AssignmentPayload(cause="train_step", run_id=RUN, group_ids=group_ids)
     return Assignment(correlation_id=aid, assignment_id=aid, task_kind=kind, resource_ids=resources,
-                      step=version, policy_version=version, payload=json.dumps(payload))
+                      step=version, policy_version=version, payload=payload.to_json())
 
 
 def partition_of(key: str) -> int:
@@ -146,7 +156,8 @@ class Bus:
 
 
 class Service(ServiceProcess):
-    """`python -m trainer_svc` on the test's topics, each start with its fault (SFLOW_TRAINER_FAULT)."""
+    """`python -m trainer_svc` on the test's topics; a start with a fault runs it under `trainer_fault_runner`,
+    which SIGKILLs it at that point (production code has no fault hook)."""
 
     def __init__(self, config: BusConfig, model_dir: Path, weights_root: Path, log: Path, **options: object) -> None:
         self.config = config
@@ -155,13 +166,15 @@ class Service(ServiceProcess):
             "model-name": "tiny", "poll-timeout-s": 0.2, "log-level": "info", **options,
         }, env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1"})
         self.stop_timeout_s = 60.0
+        self.fault = ""
 
     def command(self) -> list[str]:
         command = super().command()  # python -m trainer_svc --flag value ...
-        return [*command[:3], "--set", "engine.device=cpu", "--set", "engine.learning_rate=0.01", *command[3:]]
+        head = [sys.executable, str(FAULT_RUNNER), self.fault] if self.fault else command[:3]
+        return [*head, "--set", "engine.device=cpu", "--set", "engine.learning_rate=0.01", *command[3:]]
 
     def start(self, fault: str = "") -> Service:
-        self.extra_env["SFLOW_TRAINER_FAULT"] = fault
+        self.fault = fault
         super().start(note=f"fault: {fault or 'none'}")
         return self
 
@@ -272,15 +285,15 @@ def test_scheduled_steps_follow_assignments_and_train_data(
 
     service = service_factory(mode="scheduled", **{"group-wait-s": 5}).start()
     # not this trainer's: a rollout assignment, and a train assignment for another resource
-    bus.publish(assignment("other-kind", 0, {"group_ids": ["sched-1"]}, kind="rollout"),
-                assignment("other-res", 0, {"group_ids": ["sched-2"]}, resources=("trainer-9",)))
+    bus.publish(assignment("other-kind", 0, ("sched-1",), kind="rollout"),
+                assignment("other-res", 0, ("sched-2",), resources=("trainer-9",)))
     # step 1: groups listed in the payload
-    first = assignment("a1", 0, {"group_ids": ["sched-1"]})
+    first = assignment("a1", 0, ("sched-1",))
     bus.publish(first)
     wait_until(lambda: bus.weights().get(1), service, "step 1")
     # step 2: the scheduler's format: groups streamed as TrainData chunks, the last one final; the
     # first assignment again (a duplicate) is skipped
-    bus.publish(first, assignment("a2", 1, {"cause": "train_step", "work": [], "run_id": RUN}))
+    bus.publish(first, assignment("a2", 1))
     bus.publish(TrainData(correlation_id="a2", run_id=RUN, assignment_id="a2", step=1, group_ids=("sched-2",),
                           group_versions=(0,), final=False))
     time.sleep(1.0)
@@ -288,8 +301,8 @@ def test_scheduled_steps_follow_assignments_and_train_data(
     bus.publish(TrainData(correlation_id="a2", run_id=RUN, assignment_id="a2", step=1, group_ids=("sched-3",),
                           group_versions=(0,), final=True))
     wait_until(lambda: bus.weights().get(2), service, "step 2")
-    # step 3: `groups` objects; one group never arrives: trained on what is there after group_wait_s
-    bus.publish(assignment("a3", 2, {"groups": [{"group_id": "sched-4"}, {"group_id": "sched-never"}]}))
+    # step 3: groups named in the payload; one never arrives: trained on what is there after group_wait_s
+    bus.publish(assignment("a3", 2, ("sched-4", "sched-never")))
     time.sleep(0.5)
     bus.publish(*g4[0], g4[1])
     wait_until(lambda: bus.weights().get(3), service, "step 3")
@@ -322,8 +335,8 @@ def test_untrainable_steps_are_reported_as_skipped_and_never_publish_weights(
     bus.publish(*nan_members, nan_group[1], *huge_members, huge_group[1], *empty_members, empty_ready,
                 abandoned_members[0])
     service = service_factory(mode="scheduled", **{"group-wait-s": 5}).start()
-    bus.publish(assignment("a-nan", 0, {"group_ids": ["nan-0"]}), assignment("a-huge", 0, {"group_ids": ["huge-0"]}),
-                assignment("a-empty", 0, {"group_ids": ["empty-0"]}))
+    bus.publish(assignment("a-nan", 0, ("nan-0",)), assignment("a-huge", 0, ("huge-0",)),
+                assignment("a-empty", 0, ("empty-0",)))
 
     def three_skipped() -> dict[str, TrainStepCompleted] | None:
         found = {e.correlation_id: e for e in bus.outputs()
@@ -339,7 +352,7 @@ def test_untrainable_steps_are_reported_as_skipped_and_never_publish_weights(
     assert not dead, dead  # empty trajectories are members, not poison
     bus.publish(TaskCompleted(correlation_id="abandoned-0", task_id="task-abandoned-0", group_id="abandoned-0",
                               num_samples=2, mean_reward=0.0, status="aborted"))
-    bus.publish(*good[0], good[1], assignment("a-good", 0, {"group_ids": ["good-0"]}))
+    bus.publish(*good[0], good[1], assignment("a-good", 0, ("good-0",)))
     weights = wait_until(lambda: bus.weights().get(1), service, "step 1 after the skipped ones")
     assert weights.step == 1
     completed = [e for e in bus.outputs() if isinstance(e, TrainStepCompleted) and e.status == "completed"]
@@ -448,14 +461,23 @@ def test_ledger_resumes_at_the_oldest_untrained_message_and_remembers_what_it_re
 
 @pytest.mark.unit
 @pytest.mark.parametrize(("payload", "expected"), [
-    ('{"group_ids": ["g1", "g2"]}', (["g1", "g2"], True)),
-    ('{"groups": [{"group_id": "g1"}, {"group_id": "g2"}], "final": false}', (["g1", "g2"], False)),
-    ('{"groups": ["g1"]}', (["g1"], True)),
-    ('{"cause": "train_step", "work": [], "run_id": "r"}', (None, False)),
-    ("not json", (None, False)),
+    (AssignmentPayload(group_ids=("g1", "g2")).to_json(), (["g1", "g2"], True)),
+    (AssignmentPayload(group_ids=("g1", "g2"), final=False).to_json(), (["g1", "g2"], False)),
+    (AssignmentPayload(group_ids=("g1",)).to_json(), (["g1"], True)),
+    ('{"cause": "train_step", "work": [], "run_id": "r"}', ([], False)),  # groups to come as TrainData
+    ("not json", None),  # refused (the service dead-letters it)
 ])
-def test_assignment_payload_formats(payload: str, expected: tuple[list[str] | None, bool]) -> None:
-    assert groups_of_payload(payload) == expected
+def test_assignment_payload_formats(payload: str, expected: tuple[list[str], bool] | None) -> None:
+    ledger = Ledger(dedupe_steps=0)
+    a = Assignment(correlation_id="a", assignment_id="a", task_kind="train", resource_ids=(RESOURCE,), step=0,
+                   policy_version=0, payload=payload)
+    try:
+        planner.take_assignment(ledger, a, Position("sf.scheduler", 0, 0), run_id="r", resource_ids=(RESOURCE,),
+                                version=0, now=0.0)
+    except PayloadError:
+        assert expected is None and "a" not in ledger.pending
+        return
+    assert (ledger.pending["a"].group_ids, ledger.pending["a"].final) == expected
 
 
 @pytest.mark.unit

@@ -14,7 +14,8 @@ from schemas.events import Trajectory
 from tests.unit.trainer.trainer_helpers import node, random_batch, trainer_config, trajectory
 from trainer_svc.config import AlgorithmConfig, ConfigError
 from trainer_svc.errors import BatchError, CheckpointError, NonFiniteError
-from trainer_svc.trainer import Trainer, select_trainable
+from trainer_svc.selection import select_trainable
+from trainer_svc.trainer import Trainer
 
 pytestmark = pytest.mark.unit
 

@@ -9,19 +9,17 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from trainer_svc.advantages import gae, grpo_advantages, whiten
 from trainer_svc.losses import (
     LossStats,
     aggregation_weights,
     decoupled_ppo_loss,
     fresh_mask,
-    gae,
-    grpo_advantages,
     k3_kl,
     ppo_clip_loss,
     staleness_histogram,
     token_weights,
     value_loss,
-    whiten,
 )
 
 pytestmark = pytest.mark.unit

@@ -1,0 +1,60 @@
+"""What one train step did (`StepResult`), and its `TrainStepCompleted` (ids are set by `step_events`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from schemas.events import TrainStepCompleted
+from trainer_svc.selection import describe_dropped
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one train step did. `kl` is the k3 KL to the reference when kl_coef > 0, otherwise the k3 KL
+    between the updated-from policy and the behaviour policies (how off-policy the data was)."""
+
+    step: int
+    policy_version: int
+    new_version: int
+    loss: float
+    policy_loss: float
+    kl_loss: float
+    value_loss: float
+    reward_mean: float
+    kl: float
+    kl_behaviour: float
+    clip_fraction: float
+    iw_mean: float
+    iw_max: float
+    iw_capped_fraction: float
+    staleness_histogram: tuple[int, ...]
+    stale_tokens: int
+    num_tokens: int
+    num_branch_tokens: int
+    num_trainable_tokens: int
+    num_micro_batches: int
+    num_updates: int
+    grad_norm: float
+    duration_ms: float
+    trajectory_ids: tuple[str, ...]
+    skipped_trajectory_ids: tuple[str, ...] = ()
+    dropped_groups: tuple[tuple[str, str], ...] = ()  # (group key, why it was not trained on)
+
+    def to_event(self, *, run_id: str, producer: str = "") -> TrainStepCompleted:
+        return TrainStepCompleted(
+            producer=producer,
+            correlation_id=run_id,
+            run_id=run_id,
+            step=self.step,
+            new_version=self.new_version,
+            loss=self.loss,
+            reward_mean=self.reward_mean,
+            kl=self.kl,
+            clip_fraction=self.clip_fraction,
+            staleness_histogram=self.staleness_histogram,
+            num_tokens=self.num_tokens,
+            trajectory_ids=self.trajectory_ids,
+            duration_ms=self.duration_ms,
+            reason=describe_dropped(self.dropped_groups),
+            dropped_group_ids=tuple(g for g, _ in self.dropped_groups),
+        )
