@@ -85,7 +85,7 @@ from bus.faust_liveness import exit_when_broker_lost
 from bus.faust_recovery import InputGuard, drop_local_tables, wait_buffered
 from bus.producer import EventProducer
 from bus.topics import TopicSpec, spec
-from schemas.events import MetricSample, TaskDispatched, now_ms
+from schemas.events import Event, MetricSample, TaskDispatched, now_ms
 
 log = logging.getLogger("sflow.agents_adapter.processor")
 _LOG: Final = {"service": "trajectory-processor"}
@@ -182,7 +182,7 @@ class TrajectoryProcessor:
                 message, partial(self._on_input, message.partition, message.topic, event),
                 partial(self.sessions.rebuild, resync=True))
 
-    async def _on_input(self, p: int, topic: str, event: Any) -> None:
+    async def _on_input(self, p: int, topic: str, event: Event) -> None:
         reason = await self.sessions.on_input(p, topic, event)
         if reason is not None:
             await self._dead_letter(self._current_message(), reason)
