@@ -44,7 +44,7 @@ def service(bus_config: BusConfig, tiny_model_dir: Path, perturbed_model_dir: Pa
         stop_timeout_s=30.0)
     url = f"http://127.0.0.1:{port}"
     try:
-        proc.start().wait_healthy(f"{url}/health", timeout_s=90)
+        proc.start().wait_healthy(f"{url}/health", timeout_s=180)  # a loaded 2-core machine is slow to load a model
         yield url
     finally:
         proc.stop()
