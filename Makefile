@@ -45,6 +45,7 @@ lint: $(STAMP)
 
 test: $(STAMP) $(JARS)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -m "not gpu" tests
 
 test-fast: $(STAMP) $(JARS)
