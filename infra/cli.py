@@ -1,4 +1,4 @@
-"""`sflow`: the operator's command line (stack, events, replay, simulator)."""
+"""`sflow`: the operator's command line (stack, events, replay, analytics, simulator)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,10 @@ import json
 import signal
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -15,6 +17,11 @@ from rich.table import Table
 
 from bus.describe import describe, matches
 from bus.errors import BusError
+from infra.analytics.queries import CANNED, Query
+from infra.analytics.sql import OutputFormat
+
+if TYPE_CHECKING:
+    from infra.analytics.config import AnalyticsConfig
 
 app = typer.Typer(help="SeamlessFlow: event-sourced RL post-training for LLM agents.", no_args_is_help=True)
 events_app = typer.Typer(help="Read events from the bus.", no_args_is_help=True)
@@ -25,6 +32,7 @@ replay_app = typer.Typer(
 )
 app.add_typer(replay_app, name="replay")
 console = Console()
+err_console = Console(stderr=True)
 
 
 @app.command()
@@ -200,22 +208,95 @@ def replay_trajectories(
         raise typer.Exit(1)
 
 
-@app.command()
-def analytics(
-    query: Annotated[str | None, typer.Argument(help="canned query name; omit to list them")] = None,
-    params: Annotated[list[str] | None, typer.Argument(help="query parameters as key=value")] = None,
-    data_dir: Annotated[Path | None, typer.Option(help="run folder of the chdb store (default: var/analytics)")] = None,
-) -> None:
-    """Answer a canned throughput/utilisation/staleness question from the analytics store."""
-    from infra.analytics.config import AnalyticsConfig, open_store
-    from infra.analytics.queries import canned, parse_params, render, render_catalog
+# `sflow analytics`: the canned queries (one subcommand each), `sql` for anything else, `tables` for the columns.
+analytics_app = typer.Typer(help="Query a run's analytics store: canned questions, or your own read-only SQL.",
+                            invoke_without_command=True)
+app.add_typer(analytics_app, name="analytics")
+RunOption = Annotated[
+    str | None, typer.Option("--run", help="run folder, or a run name under runs/ (`demo`: the newest demo-<time>)")
+]
+DataDirOption = Annotated[
+    Path | None, typer.Option(help="folder of the chdb store (default: SFLOW_ANALYTICS_DIR, else var/analytics)")
+]
 
-    if query is None:
+
+@contextmanager
+def _analytics_errors() -> Iterator[None]:
+    """Store and query failures as one line on stderr and exit status 2, not a traceback."""
+    from pydantic import ValidationError
+
+    from infra.analytics.errors import AnalyticsError
+
+    try:
+        yield
+    except (AnalyticsError, ValidationError) as e:
+        message = " ".join(str(e).split())
+        err_console.print(f"[red]error:[/] {message[:600]}{'...' if len(message) > 600 else ''}", soft_wrap=True)
+        raise typer.Exit(2) from e
+
+
+def _analytics_config(run: str | None, data_dir: Path | None) -> AnalyticsConfig:
+    from infra.analytics.sql import store_config
+    from infra.kafka.cluster import REPO_ROOT
+
+    return store_config(run, data_dir, REPO_ROOT / "runs")
+
+
+@analytics_app.callback()
+def analytics(ctx: typer.Context) -> None:
+    """Answer a throughput/utilisation/staleness question from the analytics store (no subcommand: list them)."""
+    from infra.analytics.queries import render_catalog
+
+    if ctx.invoked_subcommand is None:
         console.print(render_catalog())
-        return
-    config = AnalyticsConfig(data_dir=data_dir) if data_dir else AnalyticsConfig()
-    with open_store(config, read_only=True) as store:
-        console.print(render(canned(query).run(store, **parse_params(params or []))))
+        console.print("and: sflow analytics sql \"SELECT ...\" (read-only), sflow analytics tables (their columns)")
+
+
+def _canned_command(query: Query) -> Callable[..., None]:
+    def run_canned(
+        params: Annotated[list[str] | None, typer.Argument(help="query parameters as key=value")] = None,
+        run: RunOption = None,
+        data_dir: DataDirOption = None,
+    ) -> None:
+        from infra.analytics.config import open_store
+        from infra.analytics.queries import parse_params, render
+
+        with _analytics_errors():
+            bound = parse_params(params or [])
+            with open_store(_analytics_config(run, data_dir), read_only=True) as store:
+                console.print(render(query.run(store, **bound)))
+
+    return run_canned
+
+
+for _query in CANNED.values():
+    analytics_app.command(_query.name, help=f"{_query.title}. {_query.meaning}", short_help=_query.title)(
+        _canned_command(_query))
+
+
+@analytics_app.command("sql")
+def analytics_sql(
+    statement: Annotated[str, typer.Argument(help="one SELECT / WITH / SHOW / DESCRIBE / EXPLAIN statement")],
+    run: RunOption = None,
+    data_dir: DataDirOption = None,
+    output: Annotated[OutputFormat, typer.Option("--format", help="table (aligned text), csv, or json")] = (
+        OutputFormat.TABLE
+    ),
+) -> None:
+    """Run your own read-only SQL on the store; tables are in the store's database (`sflow analytics tables`)."""
+    from infra.analytics.sql import RENDERERS, query_read_only
+
+    with _analytics_errors():
+        result = query_read_only(_analytics_config(run, data_dir), statement)
+    typer.echo(RENDERERS[output](result), nl=False)
+
+
+@analytics_app.command("tables")
+def analytics_tables() -> None:
+    """The analytics tables and their columns (Markdown, as in the README)."""
+    from infra.analytics.sql import tables_reference
+
+    typer.echo(tables_reference(), nl=False)
 
 
 @app.command()

@@ -108,6 +108,12 @@ class AnalyticsStore(ABC):
         """Runs a query and returns its JSONCompact result (64-bit integers unquoted)."""
 
     @abstractmethod
+    def forbid_writes(self) -> None:
+        """Makes this connection read-only in the engine (ClickHouse `readonly = 1`: no writes, no DDL, no
+        setting changes), with the store's database as the default one. For statements a user typed
+        (`sflow analytics sql`): the engine refuses a write, whatever a parse of the text missed."""
+
+    @abstractmethod
     def close(self) -> None:
         """Releases the connection (and, for chdb, the folder lock)."""
 
@@ -266,6 +272,10 @@ class ChdbStore(AnalyticsStore):
         result = self._run(sql, params, "JSONCompact")
         return bytes(result.bytes())
 
+    def forbid_writes(self) -> None:
+        self._run(f"USE {self.database}", {})
+        self._run("SET readonly = 1", {})
+
     def close(self) -> None:
         session, self._session = getattr(self, "_session", None), None
         if session is not None:
@@ -332,6 +342,12 @@ class ClickHouseServerStore(AnalyticsStore):
         out = self._call("query", self._client.raw_query, sql, parameters=dict(params) or None,
                          settings=_JSON_SETTINGS, fmt="JSONCompact")
         return bytes(out)
+
+    def forbid_writes(self) -> None:
+        if self._client is None:
+            raise AnalyticsError(f"ClickHouse store at {redact(self.url)} is closed")
+        self._client.database = self.database
+        self._client.set_client_setting("readonly", "1")  # sent with every request from now on
 
     def close(self) -> None:
         client, self._client = getattr(self, "_client", None), None
