@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from agents_adapter.errors import TemplateError
+from agents_adapter.proxy.tokenizer_files import TokenizerFiles
 from schemas.inference.byte_level import bytes_to_unicode
 
 Message = Mapping[str, Any]
@@ -73,12 +74,16 @@ class ChatCodec:
 
     @classmethod
     def from_model_dir(cls, path: Path) -> ChatCodec:
-        from transformers import AutoTokenizer
+        """The model's tokenizer, without torch where it has a `tokenizer.json` (`tokenizer_files`)."""
+        if (path / "tokenizer.json").exists():
+            tokenizer: Any = TokenizerFiles.from_model_dir(path)
+        else:
+            from transformers import AutoTokenizer
 
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-        except (OSError, ValueError) as e:
-            raise TemplateError(f"model_path={str(path)!r}: cannot load its tokenizer: {e}") from e
+            try:
+                tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+            except (OSError, ValueError) as e:
+                raise TemplateError(f"model_path={str(path)!r}: cannot load its tokenizer: {e}") from e
         if not getattr(tokenizer, "chat_template", None):
             raise TemplateError(f"model_path={str(path)!r}: the tokenizer has no chat template")
         return cls(tokenizer, _eos_ids(path, tokenizer))
