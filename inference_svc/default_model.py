@@ -42,6 +42,8 @@ class DefaultModelSpec:
     max_position_embeddings: int = 4096
     initializer_range: float = 0.05
     seed: int = 0
+    vocab_size: int = 0  # embedding rows; 0: the tokenizer's size. Real checkpoints pad theirs (Qwen3: 151,936
+    # rows for 151,669 tokens): a larger value gives the model a real model's output width (bench/gpu_smoke.py)
 
 
 def chat_template() -> str:
@@ -79,8 +81,10 @@ def create_default_model(out_dir: Path, spec: DefaultModelSpec | None = None) ->
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer()
     eos_ids = [tokenizer.convert_tokens_to_ids(IM_END), tokenizer.convert_tokens_to_ids(END_OF_TEXT)]
+    if 0 < spec.vocab_size < len(tokenizer):
+        raise ValueError(f"vocab_size={spec.vocab_size} is below the tokenizer's {len(tokenizer)} tokens")
     config = Qwen3Config(
-        vocab_size=len(tokenizer),
+        vocab_size=spec.vocab_size or len(tokenizer),
         hidden_size=spec.hidden_size,
         intermediate_size=spec.intermediate_size,
         num_hidden_layers=spec.num_hidden_layers,
