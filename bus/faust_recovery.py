@@ -20,12 +20,13 @@ Stalled partitions (`InputGuard.unstall`, from a timer)
     has not seen (`InputGuard.seen`), and no progress for `stall_timeout_s`, is sought back to that
     offset and logged. Re-reading must be safe for the app (the trajectory core ignores inputs it has).
 
-The changelog is the state (`drop_local_tables`, `wait_buffered`)
+The changelog is the state (`drop_local_tables`, `BufferHandoff`)
     Faust writes a table entry to RocksDB at once and to the changelog asynchronously; a worker killed
     in between would restart with local entries the changelog lacks. An app whose re-read inputs redo
     their writes deterministically starts from the changelogs alone (its local table files dropped).
-    Faust's producer buffer gives up flushing on a slow send, so a handler waits for it to be handed to
-    the Kafka client (`wait_buffered`) before its input can be committed.
+    The commit's flush does not cover a write still in Faust's producer buffer or in its hand-off to the
+    Kafka client, so a handler waits until its writes are in the client (`BufferHandoff.wait_handed`)
+    before its input can be acked and committed.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from typing import Any, Final
 
 from bus.config import BusConfig
 from bus.consumer import group_start_offsets
+from bus.errors import BusError
 
 log = logging.getLogger("sflow.bus.faust")
 _LOG: Final = {"service": "faust"}
@@ -124,11 +126,50 @@ def drop_local_tables(app: Any) -> None:
         log.info("dropped the local table files under %s: recovering from the changelogs", tables, extra=_LOG)
 
 
-async def wait_buffered(app: Any) -> None:
-    """Waits until Faust's producer buffer handed the changelog writes to the Kafka client, so the
-    commit's flush covers them (the buffer's own flush gives up on a slow send)."""
-    buffer = app.producer.buffer
-    for _ in range(10_000):
-        if not buffer.size:
-            return
-        await asyncio.sleep(0.001)
+class BufferHandoff:
+    """Counts the messages Faust's producer buffer took (table changelog writes) and those it handed to the
+    Kafka client, so a handler can wait until its writes are in the client before its input is acked.
+
+    Why not the buffer's size: the buffer's sender takes a message off its queue *before* handing it to
+    the client, so an empty queue can still hold a write in the hand-off, which the commit's flush
+    (`Producer.flush`: the buffer's flush, which also gives up after 0.1 s without a send, then the
+    client's) does not cover. A worker killed after that commit lost the write while its input's
+    offset was committed: a session missing a delta waited for it forever (the SIGKILL test's lost
+    session, measured: a few such hand-offs in flight per run when `buffer.size` was the test).
+    Once a write is in the client, the client's flush before the commit covers it.
+
+    Install it before the app starts: the buffer's sender binds `_send_pending` when it starts.
+    """
+
+    def __init__(self, app: Any) -> None:
+        if app.conf.producer_threaded:
+            raise BusError("BufferHandoff needs producer_threaded=False (the threaded buffer has its own queue)")
+        buffer = app.producer.buffer
+        self.taken = 0
+        self.handed = 0
+        put, send = buffer.put, buffer._send_pending
+
+        def counted_put(fut: Any) -> None:
+            self.taken += 1
+            put(fut)
+
+        async def counted_send(fut: Any) -> None:
+            try:
+                await send(fut)
+            finally:  # a failed send crashes the producer; nothing is left to wait for
+                self.handed += 1
+
+        buffer.put, buffer._send_pending = counted_put, counted_send
+
+    @property
+    def in_flight(self) -> int:
+        return self.taken - self.handed
+
+    async def wait_handed(self, timeout_s: float = 60.0) -> None:
+        """Returns once every message taken so far is in the Kafka client; raises BusError after
+        `timeout_s` (the producer is stuck: the caller stops the worker rather than ack the input)."""
+        target, deadline = self.taken, time.monotonic() + timeout_s
+        while self.handed < target:
+            if time.monotonic() > deadline:
+                raise BusError(f"{target - self.handed} changelog writes not handed to Kafka after {timeout_s:.0f} s")
+            await asyncio.sleep(0.001)

@@ -80,9 +80,10 @@ from agents_adapter.processor.session_stage import TICK_METRIC, Output, SessionS
 from agents_adapter.processor.table_codec import GroupRecord
 from bus.admin import ensure_topics
 from bus.deadletter import dead_letter
+from bus.errors import BusError
 from bus.faust_app import CODEC, create_faust_app, typed_events
 from bus.faust_liveness import exit_when_broker_lost
-from bus.faust_recovery import InputGuard, drop_local_tables, wait_buffered
+from bus.faust_recovery import BufferHandoff, InputGuard, drop_local_tables
 from bus.producer import EventProducer
 from bus.topics import TopicSpec, spec
 from schemas.events import Event, MetricSample, TaskDispatched, now_ms
@@ -116,6 +117,7 @@ class TrajectoryProcessor:
         )
         self.group_id = self.app.conf.id
         drop_local_tables(self.app)  # "The changelog is the state"
+        self.handoff = BufferHandoff(self.app)
         bus = self.bus
         self.calls_topic_name = bus.topic("llm.calls")
         self.ticks_topic_name = bus.topic(config.ticks_topic)
@@ -187,7 +189,7 @@ class TrajectoryProcessor:
         if reason is not None:
             await self._dead_letter(self._current_message(), reason)
         else:
-            await wait_buffered(self.app)
+            await self._wait_handed()
 
     async def _tasks_agent(self, stream: Any) -> None:
         async for event in typed_events(stream, self.dlq, self.bus, self.group_id):
@@ -210,7 +212,7 @@ class TrajectoryProcessor:
 
     async def _on_group_record(self, p: int, record: GroupRecord) -> None:
         await self.groups.on_record(p, record)
-        await wait_buffered(self.app)
+        await self._wait_handed()
 
     async def _handle_with_retries(self, message: Any, handle: Callable[[], Awaitable[None]],
                                    rebuild: Callable[[], None]) -> None:
@@ -274,6 +276,13 @@ class TrajectoryProcessor:
             await pending
         except Exception as e:
             await self._fail(f"sending the group record of {record.group_id}", e)
+
+    async def _wait_handed(self) -> None:
+        """An input's table writes in the Kafka client before it is acked (bus.faust_recovery.BufferHandoff)."""
+        try:
+            await self.handoff.wait_handed()
+        except BusError as e:
+            await self._fail("handing the changelog writes to Kafka", e)
 
     async def _fail(self, what: str, error: Exception) -> None:
         """Kafka refused an output: stop the worker (its restart re-reads the unacknowledged inputs)."""
