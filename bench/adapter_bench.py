@@ -38,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -85,6 +86,13 @@ def wait_http(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: flo
     raise SystemExit(f"{url} did not come up; see {log}")
 
 
+def _error_code(response: httpx.Response) -> str:
+    try:
+        return str(response.json()["error"]["code"])
+    except (ValueError, KeyError, TypeError):
+        return response.text[:80]
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -98,10 +106,10 @@ def conversation(rng: random.Random, turns: int) -> list[list[dict[str, str]]]:
 Turn = Callable[[int, int, list[dict[str, Any]]], Awaitable[tuple[str, float]]]
 
 
-async def run_sessions(count: int, turn: Turn,
-                       turns: int, seed: int, think_ms: float = 0.0) -> tuple[list[float], int]:
+async def run_sessions(count: int, turn: Turn, turns: int, seed: int, think_ms: float = 0.0,
+                       reasons: Counter[str] | None = None) -> tuple[list[float], int]:
     """`count` concurrent sessions of `turns` sequential requests, each followed by up to `think_ms` of
-    agent time (tool calls); latencies (ms) and error count."""
+    agent time (tool calls); latencies (ms) and error count (by reason into `reasons`)."""
     latencies: list[float] = []
     errors = 0
 
@@ -113,8 +121,10 @@ async def run_sessions(count: int, turn: Turn,
             messages += new
             try:
                 reply, latency_ms = await turn(i, t, messages)
-            except (httpx.HTTPError, RuntimeError):
+            except (httpx.HTTPError, RuntimeError) as e:
                 errors += 1
+                if reasons is not None:
+                    reasons[str(e) if isinstance(e, RuntimeError) else type(e).__name__] += 1
                 return
             latencies.append(latency_ms)
             messages.append({"role": "assistant", "content": reply})
@@ -215,7 +225,7 @@ async def measure(args: argparse.Namespace, codec: ChatCodec, engine_url: str, p
                 response = await http.post(f"{proxy_url}/v1/chat/completions", json=body, headers=headers)
                 latency_ms = (time.perf_counter() - started) * 1000
                 if response.status_code != 200:
-                    raise RuntimeError(response.text)
+                    raise RuntimeError(f"HTTP {response.status_code} {_error_code(response)}")
                 return str(response.json()["choices"][0]["message"]["content"]), latency_ms
 
             return call
@@ -267,13 +277,16 @@ async def capacity(args: argparse.Namespace, http: httpx.AsyncClient, through_pr
     """`--open-sessions` sessions all in flight at once: errors, latency and the proxy's RSS."""
     rss_before = proxy_proc.memory_info().rss
     started = time.perf_counter()
-    open_ms, open_err = await run_sessions(args.open_sessions, through_proxy("open"), 2, seed=2)
+    reasons: Counter[str] = Counter()
+    open_ms, open_err = await run_sessions(args.open_sessions, through_proxy("open"), 2, seed=2, reasons=reasons)
     elapsed = time.perf_counter() - started
     rss_after = proxy_proc.memory_info().rss
     stats = (await http.get(f"{proxy_url}/admin/stats", headers={"Authorization": f"Bearer {ADMIN}"})).json()
     print(f"\n{args.open_sessions} concurrent sessions x 2 turns (all in flight at once)")
     print(f"calls served {len(open_ms)}, errors {open_err}, wall {elapsed:.1f} s, "
           f"p50 {percentile(open_ms, 0.5):.0f} ms, p99 {percentile(open_ms, 0.99):.0f} ms")
+    if reasons:  # one agent key for all sessions: beyond max_inflight_per_agent (256) the proxy answers 429
+        print("errors by reason: " + ", ".join(f"{why} x{n}" for why, n in reasons.most_common()))
     print(f"proxy sessions cached {stats['sessions']['cached']}, calls recorded {stats['calls_served']}, "
           f"recording failures {stats['recording']['events_failed']}")
     print(f"proxy RSS before {rss_before / 2**20:.1f} MiB, after {rss_after / 2**20:.1f} MiB "
