@@ -12,7 +12,7 @@ import threading
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
 
@@ -201,27 +201,38 @@ class EventConsumer:
         *,
         on_batch: Callable[[list[Received]], None] | None = None,
         max_messages: int | Callable[[], int] = 500,
+        on_error: Literal["dead_letter", "raise"] = "dead_letter",
+        commit: bool = True,
     ) -> None:
         """The consumer loop of every service: handles events until `stop` is set, committing after each
         batch. A handler exception dead-letters that message (a poison message must not stop the
         consumer); `on_batch` runs after a batch's handlers and before its commit (where a service makes
         its own state durable: the commit then never runs ahead of it), `on_idle` after an empty poll.
         `poll_timeout_s` and `max_messages` may be functions, read before each poll (a service that must
-        wake for a tick, or that has room for only so many rows)."""
+        wake for a tick, or that has room for only so many rows).
+
+        `on_error="raise"`: a handler exception leaves the loop at once, the batch uncommitted (for a
+        service whose failure may leave decisions unpublished: its restart must read those inputs again;
+        the caller must not `close()` with a commit then). `commit=False`: the loop marks and commits
+        nothing (a service that keeps its own offsets, or commits only once its store has the rows)."""
         while not stop.is_set():
             timeout = poll_timeout_s() if callable(poll_timeout_s) else poll_timeout_s
             batch = self.poll(timeout, max_messages() if callable(max_messages) else max_messages)
             for received in batch:
                 try:
                     handle(received)
-                except Exception as e:  # a poison message must not stop the consumer
+                except Exception as e:
+                    if on_error == "raise":
+                        raise
                     log.exception("handler failed on %s@%d", received.topic, received.offset)
                     self.dead_letter(received, f"handler failed: {type(e).__name__}: {e}")
                     continue
-                self.mark_processed(received)
+                if commit:
+                    self.mark_processed(received)
             if on_batch is not None:
                 on_batch(batch)
-            self.commit()
+            if commit:
+                self.commit()
             if not batch and on_idle is not None:
                 on_idle()
 

@@ -180,18 +180,22 @@ class SchedulerService:
                                                 "topics": ",".join(INPUT_TOPICS)})
         tick = self.config.tick_interval_s
         next_tick = time.monotonic() + tick
-        while not stop.is_set():
-            # An exception leaves the loop without closing the consumer: closing commits offsets,
-            # and inputs whose decisions may be unpublished must be read again after the restart.
-            batch = consumer.poll(max(0.01, min(tick, next_tick - time.monotonic())))
-            steps: list[Step] = []
-            for received in batch:
-                self._consume(consumer, received, steps)
+        steps: list[Step] = []  # the batch's journal records and decisions, published before its commit
+
+        def publish_batch(_batch: list[Received]) -> None:
+            nonlocal next_tick
             if time.monotonic() >= next_tick:
                 next_tick = time.monotonic() + tick
                 self._tick(time.time(), steps)
             self._publish(steps)
-            consumer.commit()
+            steps.clear()
+
+        # An exception (a failed publish or recovery) leaves the loop without committing or closing the
+        # consumer: closing commits offsets, and inputs whose decisions may be unpublished must be read
+        # again after the restart.
+        consumer.run(lambda r: self._consume(consumer, r, steps), stop,
+                     lambda: max(0.01, min(tick, next_tick - time.monotonic())),
+                     on_batch=publish_batch, on_error="raise")
         consumer.close()
         self._checkpoint(force_state=True)
         self.producer.close()
@@ -199,8 +203,7 @@ class SchedulerService:
     def _consume(self, consumer: EventConsumer, r: Received, steps: list[Step]) -> None:
         source = Source(r.topic.removeprefix(self.config.bus.topic_prefix), r.partition, r.offset)
         if self.scheduler.seen(source):
-            consumer.mark_processed(r)  # journaled before a restart; its decisions are out
-            return
+            return  # journaled before a restart; its decisions are out (the loop marks it processed)
         try:
             facts = self.scheduler.input_of(r.event)
         except SchedulerError as e:
@@ -219,7 +222,6 @@ class SchedulerService:
                 return
             if step is not None:
                 steps.append(step)
-        consumer.mark_processed(r)
 
     def _tick(self, t: float, steps: list[Step]) -> None:
         if self.scheduler.should_tick(t):

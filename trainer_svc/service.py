@@ -194,10 +194,10 @@ class TrainerService:
         """Consume and train until `stop` is set; a step in progress finishes first."""
         self.start()
         try:
-            while not stop.is_set():
-                for received in self._consumer.poll(self.config.poll_timeout_s):
-                    self.handle(received)
-                self.maybe_train()
+            # Offsets live in the checkpoint (the ledger), so the loop commits none; a handler error stops
+            # the service (the restart re-reads from the checkpoint).
+            self._consumer.run(self.handle, stop, self.config.poll_timeout_s,
+                               on_batch=lambda _batch: self.maybe_train(), on_error="raise", commit=False)
         finally:
             self.close()
 

@@ -9,44 +9,38 @@ a signal or `--idle-exit-s`, 2 when the store or the bus fails (nothing is commi
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 import threading
-
-from pydantic import ValidationError
+from functools import partial
 
 from bus.errors import BusError
+from bus.kit import add_config_flags, build_or_exit, config_values, run_until_signalled
 from bus.log import configure_logging
 from infra.analytics.config import AnalyticsConfig, open_store
-from infra.analytics.errors import AnalyticsError
+from infra.analytics.errors import AnalyticsConfigError, AnalyticsError
 from infra.analytics.sink import AnalyticsSink
 
 
 def parse_config(argv: list[str] | None = None) -> AnalyticsConfig:
     parser = argparse.ArgumentParser(prog="python -m infra.analytics", description=__doc__.splitlines()[0])
-    for name, field in AnalyticsConfig.model_fields.items():
-        default = "" if field.default_factory is not None else f" (default: {field.default})"
-        parser.add_argument("--" + name.replace("_", "-"), dest=name, default=argparse.SUPPRESS,
-                            help=f"{field.description}{default}")
+    add_config_flags(parser, AnalyticsConfig)
     values = vars(parser.parse_args(argv))
-    if "topics" in values:
-        values["topics"] = tuple(t.strip() for t in values["topics"].split(",") if t.strip())
-    for flag in ("group_instance_id", "clickhouse_url", "bootstrap_servers", "topic_prefix"):
-        if values.get(flag) == "none":
-            values[flag] = None
-    try:
-        return AnalyticsConfig.model_validate(values)
-    except ValidationError as e:
-        parser.error(str(e))
-        raise  # unreachable: parser.error exits
+
+    def build() -> AnalyticsConfig:
+        # The comma list is this program's own; the topic prefix is taken as given except `none` (an
+        # empty prefix is a prefix, as with every service's --topic-prefix).
+        typed = config_values(AnalyticsConfig, values, raw=("topics", "topic_prefix"))
+        if "topics" in typed:
+            typed["topics"] = tuple(t.strip() for t in typed["topics"].split(",") if t.strip())
+        if typed.get("topic_prefix") == "none":
+            typed["topic_prefix"] = None
+        return AnalyticsConfig(**typed)
+
+    return build_or_exit(parser, build, (AnalyticsConfigError, BusError, ValueError))
 
 
-def main(argv: list[str] | None = None) -> int:
-    config = parse_config(argv)
-    configure_logging("analytics", config.log_level)
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+def serve(config: AnalyticsConfig, stop: threading.Event) -> int:
+    """The sink on the configured store until `stop`; the exit status."""
     try:
         with open_store(config) as store:
             AnalyticsSink(config, store).run(stop)
@@ -54,6 +48,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"analytics sink failed: {e}", file=sys.stderr)
         return 2
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    config = parse_config(argv)
+    configure_logging("analytics", config.log_level)
+    return run_until_signalled(partial(serve, config))
 
 
 if __name__ == "__main__":

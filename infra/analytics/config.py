@@ -1,7 +1,8 @@
 """Configuration of the analytics sink (`python -m infra.analytics`) and of the store the CLI reads.
 
-Validated at start-up: a bad value raises `pydantic.ValidationError`, whose message names the field and
-the offending input. Unset connection fields fall back to the environment the stack launcher sets
+Validated at start-up (a strict `bus.kit.ConfigModel`, like every service's config): a bad value raises
+`AnalyticsConfigError` naming the field and the offending input (`pydantic.ValidationError` from
+`model_validate`). Unset connection fields fall back to the environment the stack launcher sets
 (`SFLOW_BOOTSTRAP`, `SFLOW_TOPIC_PREFIX`, `SFLOW_CLICKHOUSE_URL`, `SFLOW_ANALYTICS_DIR`), then to the
 local stack's defaults.
 """
@@ -11,13 +12,14 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
 from bus.config import BusConfig
+from bus.kit import ConfigModel
 from bus.topics import CATALOG
-from infra.analytics.errors import AnalyticsError, StoreLockedError
+from infra.analytics.errors import AnalyticsConfigError, AnalyticsError, StoreLockedError
 from infra.analytics.store import AnalyticsStore, ChdbStore, ClickHouseServerStore, redact
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -31,10 +33,10 @@ def _default_data_dir() -> Path:
     return Path(os.environ.get("SFLOW_ANALYTICS_DIR", VAR_DIR / "analytics"))
 
 
-class AnalyticsConfig(BaseModel):
+class AnalyticsConfig(ConfigModel):
     """What the analytics sink needs: where the bus is, what to read, where rows go, how often to flush."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    config_error: ClassVar[type[Exception]] = AnalyticsConfigError
 
     bootstrap_servers: str | None = Field(
         default=None,

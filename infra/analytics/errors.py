@@ -9,6 +9,10 @@ class AnalyticsError(InfraError):
     """Root of `infra.analytics`: the store refused a statement, a table is unknown, a query failed."""
 
 
+class AnalyticsConfigError(AnalyticsError, ValueError):
+    """A setting of the sink or the store is invalid (the message names the field and the value)."""
+
+
 class StoreLockedError(AnalyticsError):
     """The chdb database folder is held by another process (the running sink)."""
 

@@ -31,6 +31,7 @@ from typing import Any
 from bus.config import BusConfig
 from bus.consumer import EventConsumer, Received
 from bus.errors import ConsumeError
+from bus.retry import Backoff, retry
 from infra.analytics.config import AnalyticsConfig
 from infra.analytics.errors import AnalyticsError, RowError
 from infra.analytics.rows import rows_of
@@ -40,7 +41,7 @@ from schemas.events import now_ms
 
 log = logging.getLogger("sflow.analytics")
 
-_FLUSH_ATTEMPTS = 3
+_FLUSH_RETRIES = Backoff(attempts=3, first_s=1.0, growth="linear")  # pauses of 1 s, then 2 s
 
 
 @dataclass
@@ -162,30 +163,15 @@ class AnalyticsSink:
         """Runs until `stop` is set (or `idle_exit_s` passes without events), then flushes and closes."""
         stop = stop or threading.Event()
         cfg = self.config
-        last_event = time.monotonic()
         log.info("analytics sink started", extra={
             "group": cfg.group_id, "topics": ",".join(cfg.topics), "prefix": self.bus.topic_prefix,
             "ledger_partitions": len(self.writer.ledger()),
         })
         try:
-            while not stop.is_set():
-                timeout = cfg.poll_timeout_s
-                if self.writer.pending:
-                    timeout = max(0.0, min(timeout, cfg.flush_interval_s - self.writer.age_s()))
-                room = max(1, min(500, cfg.batch_max_events - self.writer.pending))
-                batch = self.consumer.poll(timeout, max_messages=room)
-                for received in batch:
-                    self._handle(received)
-                now = time.monotonic()
-                if batch:
-                    last_event = now
-                if self.writer.pending and (
-                    self.writer.pending >= cfg.batch_max_events or self.writer.age_s() >= cfg.flush_interval_s
-                ):
-                    self._flush()
-                elif not self.writer.pending and cfg.idle_exit_s and now - last_event >= cfg.idle_exit_s:
-                    log.info("idle: exiting", extra={"idle_s": round(now - last_event, 1)})
-                    break
+            # The loop commits nothing itself: offsets are marked and committed by `_flush`, after the rows
+            # and the ledger (and an error other than a row's leaves the loop, not the message dead-lettered).
+            self.consumer.run(self._handle, stop, self._poll_timeout_s, on_batch=self._after_batch(stop),
+                              max_messages=self._room, on_error="raise", commit=False)
             self._flush()
         except BaseException:
             # Not closing the consumer on purpose: close() commits every marked offset, and the bus marks
@@ -200,6 +186,38 @@ class AnalyticsSink:
         })
         return s
 
+    def _poll_timeout_s(self) -> float:
+        """No longer than until the buffered rows are due."""
+        timeout = self.config.poll_timeout_s
+        if self.writer.pending:
+            timeout = max(0.0, min(timeout, self.config.flush_interval_s - self.writer.age_s()))
+        return timeout
+
+    def _room(self) -> int:
+        """Events the buffer still takes (at most one poll's worth)."""
+        return max(1, min(500, self.config.batch_max_events - self.writer.pending))
+
+    def _after_batch(self, stop: threading.Event) -> Callable[[list[Received]], None]:
+        """After each poll: a flush when the buffer is full or due; with nothing buffered and no event for
+        `idle_exit_s`, `stop` (the sink's own end)."""
+        cfg = self.config
+        last_event = time.monotonic()
+
+        def after(batch: list[Received]) -> None:
+            nonlocal last_event
+            now = time.monotonic()
+            if batch:
+                last_event = now
+            if self.writer.pending and (
+                self.writer.pending >= cfg.batch_max_events or self.writer.age_s() >= cfg.flush_interval_s
+            ):
+                self._flush()
+            elif not self.writer.pending and cfg.idle_exit_s and now - last_event >= cfg.idle_exit_s:
+                log.info("idle: exiting", extra={"idle_s": round(now - last_event, 1)})
+                stop.set()
+
+        return after
+
     def _handle(self, received: Received) -> None:
         try:
             self.writer.add(received)
@@ -210,16 +228,11 @@ class AnalyticsSink:
     def _flush(self) -> None:
         """Rows, then ledger (the writer), then the Kafka commit; a failing store is retried, then raises
         (a restarted sink resumes exactly where the durable rows end)."""
-        handled: list[Received] = []
-        for attempt in range(1, _FLUSH_ATTEMPTS + 1):
-            try:
-                handled = self.writer.flush()
-                break
-            except AnalyticsError as e:
-                if attempt == _FLUSH_ATTEMPTS:
-                    raise
+        def failed(attempt: int, e: Exception) -> None:
+            if attempt < _FLUSH_RETRIES.attempts:
                 log.warning("flush failed, retrying: %s", e, extra={"attempt": attempt})
-                time.sleep(attempt)
+
+        handled = retry(self.writer.flush, _FLUSH_RETRIES, retry_on=(AnalyticsError,), on_failure=failed)
         if not handled:
             return
         for received in handled:

@@ -3,13 +3,12 @@ including a chdb folder another process holds (read through a snapshot)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
+from bus.process import ManagedProcess
 from infra.analytics.__main__ import parse_config
 from infra.analytics.config import ALL_TOPICS, AnalyticsConfig, open_store
 from infra.analytics.errors import AnalyticsError, StoreLockedError
@@ -73,14 +72,10 @@ def test_a_store_held_by_a_running_sink_is_read_through_a_snapshot(tmp_path: Pat
     config = AnalyticsConfig(data_dir=tmp_path)
     with open_store(config) as store:
         ingest(store, [example(ev.MetricSample, i) for i in range(4)])
-    holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time\nfrom pathlib import Path\n"
-         "from infra.analytics.store import ChdbStore\n"
-         "s = ChdbStore(Path(sys.argv[1]))\nprint('ready', flush=True)\ntime.sleep(60)\n", str(config.chdb_path)],
-        cwd=REPO, stdout=subprocess.PIPE, text=True,
-    )
+    holder = ManagedProcess("tests.analytics.store_holder", [str(config.chdb_path)], log=tmp_path / "holder.log",
+                            cwd=REPO, name="store-holder").start()
     try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == "ready"
+        assert holder.wait_for_log("ready\n", 60).splitlines()[0] == "ready"
         with pytest.raises(StoreLockedError, match="held by another process"):
             ChdbStore(config.chdb_path)
         with open_store(config, read_only=True) as snapshot:
@@ -90,4 +85,3 @@ def test_a_store_held_by_a_running_sink_is_read_through_a_snapshot(tmp_path: Pat
         assert not copy.exists()
     finally:
         holder.kill()
-        holder.wait(10)

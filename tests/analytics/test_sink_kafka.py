@@ -4,10 +4,7 @@ event exactly once as queries see it."""
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -18,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from bus.config import BusConfig
+from bus.process import ManagedProcess
 from bus.producer import EventProducer
 from infra.analytics.config import AnalyticsConfig, open_store
 from infra.analytics.rows import rows_of
@@ -110,23 +108,12 @@ def sink_command(config: BusConfig, data_dir: Path, group: str, *extra: str) -> 
 
 
 def start_sink(args: list[str], log: Path, module: str = "infra.analytics",
-               before: Sequence[str] = ()) -> subprocess.Popen[bytes]:
-    out = log.open("ab")
-    return subprocess.Popen([sys.executable, "-m", module, *before, *args], cwd=REPO, stdout=out,
-                            stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+               before: Sequence[str] = ()) -> ManagedProcess:
+    return ManagedProcess(module, [*before, *args], log=log, cwd=REPO, name=module).start()
 
 
 def flushes(log: Path) -> int:
     return log.read_text(errors="replace").count("msg='flushed'") if log.exists() else 0
-
-
-def finish(proc: subprocess.Popen[bytes], timeout_s: float) -> int:
-    try:
-        return proc.wait(timeout_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(10)
-        raise
 
 
 def test_sigkill_mid_stream_then_restart_stores_every_event_once(bus_config: BusConfig, tmp_path: Path) -> None:
@@ -153,11 +140,9 @@ def test_sigkill_mid_stream_then_restart_stores_every_event_once(bus_config: Bus
         streaming.wait(10)
         seen = flushes(log)
         wait_until(lambda: flushes(log) >= seen + 2, 30, "two more flushes")
-        os.kill(first.pid, signal.SIGKILL)
+        first.kill()
     finally:
-        if first.poll() is None:
-            first.kill()
-        first.wait(10)
+        first.kill()  # a no-op once it exited
     assert first.returncode == -signal.SIGKILL
     with open_store(AnalyticsConfig(data_dir=tmp_path), read_only=True) as store:
         at_kill = sum(store.counts().values())
@@ -167,10 +152,9 @@ def test_sigkill_mid_stream_then_restart_stores_every_event_once(bus_config: Bus
     second = start_sink([*args, "--idle-exit-s", "3"], log)  # while the producer may still be going
     try:
         producer.join(60)
-        assert finish(second, 90) == 0
+        assert second.wait_exit(90) == 0
     finally:
-        if second.poll() is None:
-            second.kill()
+        second.kill()
     events = [*early, *late]
     with open_store(AnalyticsConfig(data_dir=tmp_path), read_only=True) as store:
         assert store.counts() == expected_counts(events)
@@ -184,14 +168,20 @@ def test_kill_between_rows_and_ledger_leaves_no_duplicate_in_queries(bus_config:
     group, log = f"analytics-{uuid.uuid4().hex[:6]}", tmp_path / "sink.log"
     args = sink_command(bus_config, tmp_path, group)
     crashing = start_sink(args, log, module="tests.analytics.crashing_sink", before=["3"])
-    assert finish(crashing, 90) == -signal.SIGKILL
+    try:
+        assert crashing.wait_exit(90) == -signal.SIGKILL
+    finally:
+        crashing.kill()
     with open_store(AnalyticsConfig(data_dir=tmp_path), read_only=True) as store:
         ledger_end = sum(store.stored_offsets().values())
         stored = len(stored_event_ids(store))
     assert stored > ledger_end > 0  # the third flush's rows are in, its ledger (and Kafka commit) are not
 
     restarted = start_sink([*args, "--idle-exit-s", "2"], log)
-    assert finish(restarted, 90) == 0
+    try:
+        assert restarted.wait_exit(90) == 0
+    finally:
+        restarted.kill()
     with open_store(AnalyticsConfig(data_dir=tmp_path), read_only=True) as store:
         assert store.counts() == expected_counts(events)
         ids = stored_event_ids(store)
