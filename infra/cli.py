@@ -101,7 +101,8 @@ def tail(
     idle_exit: Annotated[float, typer.Option(help="stop after this many idle seconds (0: never)")] = 0.0,
 ) -> None:
     """Print decoded events of TOPIC as they arrive, one JSON object per line."""
-    from bus.consumer import EventConsumer, unique_group
+    from bus.consumer import EventConsumer, Received, unique_group
+    from bus.kit import run_until_signalled
     from bus.topics import spec
     from infra import stack
 
@@ -110,23 +111,32 @@ def tail(
     offset_reset = "earliest" if from_beginning else "latest"
     settings: dict[str, Any] = {"auto.offset.reset": offset_reset}
     consumer = EventConsumer(config, unique_group("sflow-tail"), [topic], **settings)
-    stop = threading.Event()
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
     shown = 0
     last = time.monotonic()
-    try:
-        while not stop.is_set():
-            batch = consumer.poll(0.5)
+
+    def follow(stop: threading.Event) -> None:
+        def show(r: Received) -> None:
+            nonlocal shown
+            if limit and shown >= limit:
+                return  # the rest of the batch that reached the limit
+            if matches(r.event, session, resource, event_type):
+                print(json.dumps({"offset": f"{r.partition}:{r.offset}", **describe(r.event)}), flush=True)
+                shown += 1
+                if limit and shown >= limit:
+                    stop.set()
+
+        def idle_check(batch: list[Received]) -> None:
+            nonlocal last
             if batch:
                 last = time.monotonic()
-            for r in batch:
-                if matches(r.event, session, resource, event_type):
-                    print(json.dumps({"offset": f"{r.partition}:{r.offset}", **describe(r.event)}), flush=True)
-                    shown += 1
-                    if limit and shown >= limit:
-                        return
             if idle_exit and time.monotonic() - last > idle_exit:
-                return
+                stop.set()
+
+        # A throwaway group: nothing to commit; an error ends the command.
+        consumer.run(show, stop, on_batch=idle_check, on_error="raise", commit=False)
+
+    try:
+        run_until_signalled(follow, signals=(signal.SIGINT,))
     except BusError as e:
         console.print(f"[red]error:[/] {e}")
         raise typer.Exit(2) from e
