@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import signal
 import threading
 from collections import defaultdict
 from collections.abc import Callable
@@ -26,6 +25,7 @@ from typing import Any
 from agents_adapter.sdk import AsyncAgentSession
 from bus.config import BusConfig
 from bus.consumer import EventConsumer, Received
+from bus.kit import run_until_signalled
 from bus.log import configure_logging
 from infra.example import AGENT_SETTINGS, CALCULATOR, Agent, check_call, load_reference
 from schemas.events import TaskDispatched
@@ -175,10 +175,8 @@ def main(argv: list[str] | None = None) -> None:
     config = WorkerConfig(args.base_url, args.api_key, args.model, args.concurrency, args.max_turns,
                           args.max_tokens, args.temperature, args.ignore_eos,
                           agent=args.agent, task=args.task or None, reward=args.reward)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    asyncio.run(serve(config, BusConfig.from_env("rollout-workers"), stop))
+    bus = BusConfig.from_env("rollout-workers")
+    run_until_signalled(lambda stop: asyncio.run(serve(config, bus, stop)))
 
 
 if __name__ == "__main__":
