@@ -85,13 +85,15 @@ from bus.faust_app import CODEC, create_faust_app, typed_events
 from bus.faust_liveness import exit_when_broker_lost
 from bus.faust_recovery import BufferHandoff, InputGuard, drop_local_tables
 from bus.producer import EventProducer
+from bus.retry import Backoff, retry_async
 from bus.topics import TopicSpec, spec
 from schemas.events import Event, MetricSample, TaskDispatched, now_ms
 
 log = logging.getLogger("sflow.agents_adapter.processor")
 _LOG: Final = {"service": "trajectory-processor"}
 
-_ATTEMPTS: Final = 3  # tries of an input that fails for an unexpected reason before it is dead-lettered
+# Tries of an input that fails for an unexpected reason before it is dead-lettered (pauses 0.5 s, then 1 s).
+_RETRIES: Final = Backoff(attempts=3, first_s=0.5, growth="linear")
 
 
 class PublishFailed(AdapterError):
@@ -220,20 +222,21 @@ class TrajectoryProcessor:
         call), `rebuild` restores the state from the table, with every entry re-put (the failed write may
         be in RocksDB but not in the changelog); the input is retried after a pause (metadata lag, a
         broker hiccup), then dead-lettered."""
-        for attempt in range(_ATTEMPTS):
-            try:
-                await handle()
-                return
-            except (PublishFailed, asyncio.CancelledError):
+        last: Exception | None = None
+
+        def failed(attempt: int, e: Exception) -> None:
+            nonlocal last
+            last = e
+            rebuild()
+            log.exception("%s[%d]@%d failed (attempt %d of %d)", message.topic, message.partition,
+                          message.offset, attempt, _RETRIES.attempts, extra=_LOG)
+
+        try:
+            await retry_async(handle, _RETRIES, on_failure=failed, never_retry=(PublishFailed, asyncio.CancelledError))
+        except Exception as e:
+            if e is not last:  # a refused output (PublishFailed) or a failed rebuild stops the worker
                 raise
-            except Exception as e:
-                rebuild()
-                log.exception("%s[%d]@%d failed (attempt %d of %d)", message.topic, message.partition,
-                              message.offset, attempt + 1, _ATTEMPTS, extra=_LOG)
-                if attempt + 1 < _ATTEMPTS:
-                    await asyncio.sleep(0.5 * (attempt + 1))
-                else:
-                    await self._dead_letter(message, f"processing failed: {type(e).__name__}: {e}")
+            await self._dead_letter(message, f"processing failed: {type(e).__name__}: {e}")
 
     # --- recovery and timers ---
 
