@@ -13,7 +13,7 @@ from typing import Final
 
 from agents_adapter.proxy.routing import RoutingTable
 from bus.config import BusConfig
-from bus.consumer import EventConsumer, unique_group
+from bus.consumer import EventConsumer, Received, unique_group
 from bus.errors import BusError
 
 logger = logging.getLogger(__name__)
@@ -56,13 +56,12 @@ class RoutingFeed:
                     logger.debug("routing feed consumer close: %s", e)
 
     def _follow(self, consumer: EventConsumer) -> None:
-        while not self._stop.is_set():
-            try:
-                batch = consumer.poll(0.25)
-            except BusError as e:  # reconnect: the new consumer re-reads the log, rebuilding the same state
-                logger.warning("routing feed poll failed: %s", e)
-                self._stop.wait(_RETRY_S)
-                return
-            for received in batch:
-                self.events_read += 1
-                self.table.apply(received.event)
+        try:  # nothing committed (see the module doc); an event the table cannot apply ends the feed
+            consumer.run(self._apply, self._stop, 0.25, on_error="raise", commit=False)
+        except BusError as e:  # reconnect: the new consumer re-reads the log, rebuilding the same state
+            logger.warning("routing feed poll failed: %s", e)
+            self._stop.wait(_RETRY_S)
+
+    def _apply(self, received: Received) -> None:
+        self.events_read += 1
+        self.table.apply(received.event)
