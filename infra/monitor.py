@@ -13,7 +13,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from bus.config import BusConfig
-from bus.consumer import EventConsumer, unique_group
+from bus.consumer import EventConsumer, Received, unique_group
 from schemas import events as ev
 
 TOPICS = ("llm.calls", "trajectories", "train", "weights", "scheduler")
@@ -180,13 +180,16 @@ class RunMonitor:
         self._thread.start()
 
     def _loop(self) -> None:
-        while not self._stop.is_set():
-            batch = self._consumer.poll(0.5)
-            with self._lock:
-                for r in batch:
-                    self.state.apply(r.event)
-            if batch:
-                self._last_event = time.monotonic()
+        # A throwaway group: nothing committed; an event the state cannot apply ends the thread.
+        self._consumer.run(self._apply, self._stop, on_batch=self._note_events, on_error="raise", commit=False)
+
+    def _apply(self, r: Received) -> None:
+        with self._lock:
+            self.state.apply(r.event)
+
+    def _note_events(self, batch: list[Received]) -> None:
+        if batch:
+            self._last_event = time.monotonic()
 
     def drain(self, quiet_s: float) -> None:
         """Waits until no event arrived for `quiet_s` (the last ones of stopped services)."""
