@@ -15,10 +15,18 @@ Gaps are refused (`InputGuard.refuse_gap`, installed as the consumer's gap handl
     would let a commit pass inputs never processed. Topics without gaps (not compacted, no transaction
     markers) are instead sought back over the skipped offsets.
 
+A commit never passes an input (`InputGuard.committable_offset`, installed as the consumer's `_new_offset`)
+    Faust commits the run of acked offsets that starts at most one above the committed offset, and marks
+    the offset it seeks to as read: after a seek, an input at the seek offset that a later one overtook is
+    dropped and then committed past (lost). The guard refuses any commit while the partition's next offset
+    is unacknowledged; the watchdog below re-reads such an offset.
+
 Stalled partitions (`InputGuard.unstall`, from a timer)
     A guard: a partition with messages (highwater read from the broker) past the next offset its agent
     has not seen (`InputGuard.seen`), and no progress for `stall_timeout_s`, is sought back to that
-    offset and logged. Re-reading must be safe for the app (the trajectory core ignores inputs it has).
+    offset and logged. So is a partition whose next offset to commit stayed unacknowledged behind
+    acknowledged ones for `stall_timeout_s`. Re-reading must be safe for the app (the trajectory core
+    ignores inputs it has).
 
 The changelog is the state (`drop_local_tables`, `BufferHandoff`)
     Faust writes a table entry to RocksDB at once and to the changelog asynchronously; a worker killed
@@ -57,7 +65,11 @@ class InputGuard:
         self.stall_timeout_s = stall_timeout_s
         self._seek_tasks: set[asyncio.Task[None]] = set()
         self._progress: dict[tuple[str, int], tuple[int, float]] = {}  # input tp -> next offset, when it moved
+        self._start: dict[Any, int] = {}  # tp -> where the group resumed it at the last recovery
+        self._held_since: dict[Any, float] = {}  # tp -> since when its next offset is unacked behind acked ones
         app.consumer._add_gap = self.refuse_gap  # module doc: "Gaps are refused"
+        self._faust_new_offset = app.consumer._new_offset
+        app.consumer._new_offset = self.committable_offset  # module doc: "A commit never passes an input"
 
     def seen(self, message: Any) -> None:
         """Records that an agent read `message` (the stall watchdog's progress)."""
@@ -72,6 +84,32 @@ class InputGuard:
         for key, offset in starts.items():
             await consumer.seek(tps[key], offset)
             self._progress[key] = (offset, now)
+            self._start[tps[key]] = offset
+
+    def next_to_commit(self, tp: Any) -> int | None:
+        """The partition's first offset not yet committed: Faust's committed offset, else the group start."""
+        committed = self.app.consumer._committed_offset.get(tp)
+        return committed if committed is not None else self._start.get(tp)
+
+    def committable_offset(self, tp: Any) -> int | None:
+        """Faust's `_new_offset`, refusing to commit while the partition's next offset is not acknowledged.
+
+        Faust takes the run of consecutive acked offsets from the smallest one and lets it start one above
+        the committed offset (`min(acked) - committed > 1`), while a Kafka committed offset is the next one
+        to process: an input left unread at exactly that offset is committed past. And Faust marks the
+        offset it seeks to as already read, so after a seek (recovery, a refused gap) an input at the seek
+        offset is dropped when a later one arrives first (the SIGKILL test's lost sessions, whose
+        SessionEnded sat at the offset sought to). `unstall` re-reads such an input."""
+        if tp.topic not in self.topics:
+            return self._faust_new_offset(tp)  # type: ignore[no-any-return]
+        acked = self.app.consumer._acked.get(tp)
+        floor = self.next_to_commit(tp)
+        if acked and floor is not None and min(acked) > floor:
+            self._held_since.setdefault(tp, time.monotonic())
+            return None
+        self._held_since.pop(tp, None)
+        new_offset: int | None = self._faust_new_offset(tp)
+        return new_offset
 
     async def refuse_gap(self, tp: Any, offset_from: int, offset_to: int) -> None:
         """Faust counts a jump in a partition's offsets as acknowledged, so its next commit would pass
@@ -100,6 +138,7 @@ class InputGuard:
         tps = sorted(tp for tp in consumer.assignment() if tp.topic in self.topics)
         if not tps:
             return
+        await self._reread_held(tps, now)
         try:  # from the broker: a partition the fetcher stopped fetching has no local highwater
             ends = await consumer.highwaters(*tps)
         except Exception as e:
@@ -116,6 +155,20 @@ class InputGuard:
                         tp.topic, tp.partition, next_offset, high, now - moved, extra=_LOG)
             await consumer.seek(tp, next_offset)
             self._progress[(tp.topic, tp.partition)] = (next_offset, now)
+
+
+    async def _reread_held(self, tps: list[Any], now: float) -> None:
+        """A partition whose next offset stays unacknowledged behind acknowledged ones (a dropped input,
+        `committable_offset`) for `stall_timeout_s` is sought back to that offset."""
+        consumer = self.app.consumer
+        for tp in tps:
+            since, floor = self._held_since.get(tp), self.next_to_commit(tp)
+            if since is None or floor is None or now - since < self.stall_timeout_s:
+                continue
+            log.warning("input %s[%d]: offset %d was never processed while later ones were; seeking back to it",
+                        tp.topic, tp.partition, floor, extra=_LOG)
+            await consumer.seek(tp, floor)
+            self._held_since[tp] = now
 
 
 def drop_local_tables(app: Any) -> None:

@@ -1,0 +1,86 @@
+"""`InputGuard.committable_offset`: Faust never commits past an input its agent did not acknowledge.
+
+A real Faust app (never started: no broker); its consumer's ack bookkeeping (`_acked`, `_committed_offset`)
+is set as a worker's would be after a seek. Only the consumer's `seek` (which would talk to Kafka) is recorded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bus.config import BusConfig
+from bus.faust_app import create_faust_app
+from bus.faust_recovery import InputGuard
+
+pytestmark = pytest.mark.unit
+TOPIC = "t.sessions"
+
+
+def guard_of(tmp_path: Path) -> tuple[Any, InputGuard, Any]:
+    from faust.types import TP
+
+    app = create_faust_app("guard-test", BusConfig(bootstrap_servers="127.0.0.1:9"), tmp_path)
+    guard = InputGuard(app, BusConfig(bootstrap_servers="127.0.0.1:9"), "g", [TOPIC], stall_timeout_s=5)
+    return app, guard, TP(TOPIC, 2)
+
+
+def test_faust_alone_commits_past_an_unacknowledged_input_at_the_committed_offset(tmp_path: Path) -> None:
+    app, guard, tp = guard_of(tmp_path)
+    consumer = app.consumer
+    consumer._committed_offset[tp] = 8  # Kafka's committed offset: 8 is the next input to process
+    consumer._acked[tp][:] = [9, 10, 11]  # 8 was dropped after a seek; 9-11 processed
+    assert guard._faust_new_offset(tp) == 12  # what Faust would commit: input 8 lost
+
+
+def test_the_guard_holds_the_commit_until_the_next_offset_is_acknowledged(tmp_path: Path) -> None:
+    app, _, tp = guard_of(tmp_path)
+    consumer = app.consumer
+    consumer._committed_offset[tp] = 8
+    consumer._acked[tp][:] = [9, 10, 11]
+    assert consumer._new_offset(tp) is None
+    consumer._acked[tp][:] = [8, 9, 10, 11]
+    assert consumer._new_offset(tp) == 12
+
+
+def test_without_a_commit_the_group_start_is_the_floor(tmp_path: Path) -> None:
+    app, guard, tp = guard_of(tmp_path)
+    consumer = app.consumer
+    guard._start[tp] = 0
+    consumer._acked[tp][:] = [1, 2]
+    assert consumer._new_offset(tp) is None
+    consumer._acked[tp][:] = [0, 1, 2]
+    assert consumer._new_offset(tp) == 3
+
+
+def test_unguarded_topics_keep_fausts_rule(tmp_path: Path) -> None:
+    from faust.types import TP
+
+    app, _, _ = guard_of(tmp_path)
+    ticks = TP("t.ticks", 0)
+    app.consumer._committed_offset[ticks] = 8
+    app.consumer._acked[ticks][:] = [9]
+    assert app.consumer._new_offset(ticks) == 10
+
+
+def test_a_held_offset_is_read_again_after_the_stall_timeout(tmp_path: Path) -> None:
+    app, guard, tp = guard_of(tmp_path)
+    consumer = app.consumer
+    sought: list[tuple[Any, int]] = []
+
+    async def seek(partition: Any, offset: int) -> None:
+        sought.append((partition, offset))
+
+    consumer.seek = seek
+    consumer._committed_offset[tp] = 8
+    consumer._acked[tp][:] = [9, 10]
+    assert consumer._new_offset(tp) is None
+    now = time.monotonic()
+    asyncio.run(guard._reread_held([tp], now + 1))
+    assert sought == []  # not yet: within stall_timeout_s
+    asyncio.run(guard._reread_held([tp], now + 6))
+    assert sought == [(tp, 8)]
