@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from bus.config import BusConfig
 from bus.kit import ConfigModel
@@ -25,8 +25,10 @@ Device = Literal["auto", "cpu", "cuda"]
 AttnImplementation = Literal["sdpa", "eager"]
 OptimizerName = Literal["adamw", "cpu_adam"]
 Algorithm = Literal["grpo", "ppo"]
-Aggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"]
+Aggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"]
 ImportanceWeightMode = Literal["clip", "mask"]
+RatioLevel = Literal["token", "sequence"]
+KlEstimator = Literal["k1", "k3"]
 
 
 class _Section(ConfigModel):
@@ -79,12 +81,25 @@ class AlgorithmConfig(_Section):
     normalize_std: bool = True
     """GRPO: divide by the group's reward std (False = Dr. GRPO, mean-centred only)."""
     aggregation: Aggregation = "token_mean"
-    """How token losses become one number: token_mean over all tokens of an update, seq_mean_token_mean
-    (mean per session, then over sessions), or seq_mean_token_sum (sum per session, mean over sessions)."""
+    """How token losses become one number (verl's `loss_agg_mode`; its spellings with '-' are accepted):
+    token_mean over all tokens of an update (DAPO; no length bias), seq_mean_token_mean (mean per session,
+    then over sessions: GRPO's original, which penalises a long wrong answer less per token than a short
+    one, so lengths can run away), seq_mean_token_sum (sum per session, mean over sessions), or
+    seq_mean_token_sum_norm (Dr. GRPO: the per-session sum divided by the constant `aggregation_constant`,
+    mean over sessions: every token weighs the same whatever its session's length or the step's)."""
+    aggregation_constant: float | None = Field(default=None, gt=0)
+    """seq_mean_token_sum_norm: Dr. GRPO's constant normaliser, typically the max response length (the
+    agent's max_tokens); required by that mode, unused by the others."""
     clip_eps: float = Field(default=0.2, gt=0, le=1)
     """PPO clip on current/proximal ratio, lower side (and upper unless clip_eps_high is set)."""
     clip_eps_high: float | None = Field(default=None, gt=0)
-    """Upper clip (DAPO's clip-higher); None = clip_eps."""
+    """Upper clip (DAPO's clip-higher, e.g. 0.28 with clip_eps 0.2: a low-probability token that helped
+    can grow further, which keeps entropy from collapsing); None = clip_eps. The step reports the
+    fraction clipped at each side (`clip_fraction_low`, `clip_fraction_high`)."""
+    ratio_level: RatioLevel = "token"
+    """token: PPO's per-token ratio; sequence: GSPO's sequence ratio (geometric mean of a session's token
+    ratios, clipped per session), for when token ratios are too noisy (long answers, MoE routing); GSPO
+    clips far tighter (clip_eps ~ 3e-4, clip_eps_high ~ 4e-4) and pairs with seq_mean_token_mean."""
     dual_clip: float | None = Field(default=None, gt=1)
     """Dual-clip constant c > 1 bounding the loss of negative-advantage tokens; None disables it."""
     iw_cap: float | None = Field(default=5.0, ge=1)
@@ -94,7 +109,25 @@ class AlgorithmConfig(_Section):
     max_staleness: int | None = Field(default=8, ge=0)
     """Generated tokens with current_version - token_version > max_staleness are masked; None = no bound."""
     kl_coef: float = Field(default=0.0, ge=0)
-    """Weight of the k3 KL to the reference (the initial weights); > 0 keeps a frozen reference copy."""
+    """Weight of the KL to the reference (the initial weights); > 0 keeps a frozen reference copy."""
+    kl_estimator: KlEstimator = "k3"
+    """Per-token KL estimate (Schulman's k1/k3): k3 = e^(ref-logp) - (ref-logp) - 1 (GRPO's, >= 0, low
+    variance: the one to penalise with); k1 = logp - ref (verl's `kl`: unbiased value, but as a loss its
+    gradient vanishes in expectation on-policy; for comparing with runs that used it)."""
+    entropy_coef: float = Field(default=0.0, ge=0)
+    """Weight of an entropy bonus (loss -= coef * aggregated token entropy), for when entropy collapses
+    and exploration stops; 0 = none (DAPO uses none and clip-higher instead). Entropy is reported anyway."""
+    max_response_tokens: int | None = Field(default=None, ge=1)
+    """The agent's max_tokens: a call whose output has this many generated tokens was truncated
+    (finish_reason length). Needed by overlong_mask and overlong_buffer; None = truncation unknown."""
+    overlong_mask: bool = False
+    """DAPO's overlong filtering: truncated sessions get no loss (they still count in their group's
+    baseline), so a cut-off answer is not taught as wrong for its length alone."""
+    overlong_buffer: int | None = Field(default=None, ge=1)
+    """DAPO's soft overlong punishment: a call output longer than max_response_tokens - buffer loses
+    up to `overlong_penalty` of reward, linearly over the buffer (all of it when truncated); None = off."""
+    overlong_penalty: float = Field(default=1.0, gt=0)
+    """Largest reward a too-long session loses under overlong_buffer (DAPO: 1)."""
     ppo_epochs: int = Field(default=1, ge=1)
     """Passes over a train step's data; > 1 makes the proximal policy differ from the current one."""
     gamma: float = Field(default=1.0, ge=0, le=1)
@@ -124,6 +157,24 @@ class AlgorithmConfig(_Section):
     fails every task gives only such groups, and with the rule on every step would be skipped and
     re-planned without end (seen in the 3-broker fault test); dynamic sampling that refills such steps
     from the stream is what makes it safe to turn on."""
+
+    @field_validator("aggregation", mode="before")
+    @classmethod
+    def _verl_spelling(cls, value: object) -> object:
+        return value.replace("-", "_") if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _needs(self) -> AlgorithmConfig:
+        if self.aggregation == "seq_mean_token_sum_norm" and self.aggregation_constant is None:
+            raise ValueError(f"aggregation={self.aggregation!r} needs aggregation_constant (e.g. max_tokens)")
+        uses_length = self.overlong_mask or self.overlong_buffer is not None
+        if uses_length and self.max_response_tokens is None:
+            raise ValueError(f"overlong_mask={self.overlong_mask!r}, overlong_buffer={self.overlong_buffer!r}: "
+                             "need max_response_tokens")
+        if self.overlong_buffer is not None and self.overlong_buffer >= (self.max_response_tokens or 0):
+            raise ValueError(f"overlong_buffer={self.overlong_buffer!r}: must be below max_response_tokens="
+                             f"{self.max_response_tokens!r}")
+        return self
 
 
 

@@ -1,5 +1,6 @@
-"""RL losses on per-token tensors: the decoupled PPO objective, the critic's loss, aggregation weights and
-staleness masks (the advantages they take are in `trainer_svc.advantages`).
+"""RL losses on per-token tensors: the decoupled PPO objective (token or GSPO sequence ratio), KL and
+entropy terms, aggregation weights and staleness masks (the advantages they take are in
+`trainer_svc.advantages`, the critic's loss in `trainer_svc.value_loss`).
 
 Plain torch, no model, no Kafka: every function takes flat (or batched) per-token tensors, so the
 trainer, the tests and the benchmark drive the same code.
@@ -23,17 +24,23 @@ The decoupled objective (AReaL, "asynchronous RL with a decoupled PPO objective"
     and behaviour is corrected by a bounded, gradient-free importance weight. When behaviour and
     proximal coincide, w_t = 1 and this is standard PPO (`ppo_clip_loss`). Tokens older than the
     staleness bound (current_version - token_version > max_staleness) are masked out entirely.
+    With eps_high > eps (DAPO's clip-higher) an unlikely token that helped may grow further.
+
+GSPO ("Group Sequence Policy Optimization")
+    With ratio_level="sequence", r_t is replaced by its session's ratio s = exp(mean_t log r_t) over the
+    session's trainable tokens, so the clip keeps or drops a whole session: one noisy token ratio no
+    longer decides for the rest (`sequence_log_ratio`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
 from torch import Tensor
 
-from trainer_svc.config import Aggregation, ImportanceWeightMode
+from trainer_svc.config import Aggregation, ImportanceWeightMode, KlEstimator, RatioLevel
 
 _LOG_RATIO_LIMIT = 20.0  # exp(20) ~ 5e8: bounds a ratio whose logprobs came from a diverged policy
 
@@ -41,12 +48,13 @@ _LOG_RATIO_LIMIT = 20.0  # exp(20) ~ 5e8: bounds a ratio whose logprobs came fro
 # --- aggregation -------------------------------------------------------------------------------
 
 
-def aggregation_weights(tokens_per_sample: Tensor, mode: Aggregation) -> Tensor:
+def aggregation_weights(tokens_per_sample: Tensor, mode: Aggregation, constant: float | None = None) -> Tensor:
     """Weight of one trainable token of each sample, so that sum(weight * loss) aggregates as `mode`.
 
-    token_mean: 1/N over the N trainable tokens of the update (long sessions weigh more);
-    seq_mean_token_mean: 1/(n_s S) (each of the S sessions weighs the same);
-    seq_mean_token_sum: 1/S (Dr. GRPO without the length bias of a per-session mean).
+    token_mean: 1/N over the N trainable tokens of the update (long sessions weigh more; DAPO);
+    seq_mean_token_mean: 1/(n_s S) (each of the S sessions weighs the same; GRPO's length bias);
+    seq_mean_token_sum: 1/S (no length bias, but the scale grows with the response length);
+    seq_mean_token_sum_norm: 1/(S C) with the constant C (Dr. GRPO: seq_mean_token_sum on a fixed scale).
     Samples without a trainable token get weight 0 and do not count in S.
     """
     counts = tokens_per_sample.to(torch.float64)
@@ -61,18 +69,23 @@ def aggregation_weights(tokens_per_sample: Tensor, mode: Aggregation) -> Tensor:
         weights = 1.0 / (counts.clamp(min=1.0) * num_samples)
     elif mode == "seq_mean_token_sum":
         weights = torch.full_like(counts, 1.0 / num_samples)
+    elif mode == "seq_mean_token_sum_norm":
+        if constant is None:
+            raise ValueError(f"aggregation {mode!r} needs its constant normaliser")
+        weights = torch.full_like(counts, 1.0 / (num_samples * constant))
     else:
         raise ValueError(f"unknown aggregation {mode!r}")
     return torch.where(has_tokens, weights, torch.zeros_like(weights)).to(torch.float32)
 
 
-def token_weights(loss_mask: Tensor, sample_index: Tensor, mode: Aggregation) -> Tensor:
+def token_weights(loss_mask: Tensor, sample_index: Tensor, mode: Aggregation, constant: float | None = None
+                  ) -> Tensor:
     """Per-token weights of a flat token batch: `aggregation_weights` spread over each sample's tokens."""
     mask = loss_mask.to(torch.bool)
     num_samples = int(sample_index.max()) + 1 if sample_index.numel() else 0
     counts = torch.zeros(num_samples, dtype=torch.float64)
     counts.index_add_(0, sample_index[mask], torch.ones(int(mask.sum()), dtype=torch.float64))
-    per_sample = aggregation_weights(counts, mode)
+    per_sample = aggregation_weights(counts, mode, constant)
     return torch.where(mask, per_sample[sample_index], torch.zeros((), dtype=torch.float32))
 
 
@@ -120,6 +133,35 @@ def k3_kl(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
     return torch.exp(log_ratio) - log_ratio - 1.0
 
 
+def kl_estimate(logprobs: Tensor, ref_logprobs: Tensor, estimator: KlEstimator) -> Tensor:
+    """Per-token KL(pi || ref) estimate: k3 (`k3_kl`) or k1 = logp - ref (unbiased, can be negative)."""
+    if estimator == "k1":
+        return logprobs - ref_logprobs
+    return k3_kl(logprobs, ref_logprobs)
+
+
+def token_entropy(logits: Tensor, predecessor: Tensor, mask: Tensor) -> Tensor:
+    """Per token, the entropy of the distribution a `mask` token was drawn from (the logits row of its
+    predecessor); 0 elsewhere and for a token without a predecessor. Only those rows are softmaxed: a
+    full (T, vocab) softmax costs memory. The gradient flows unless `logits` are detached."""
+    mask = mask.to(torch.bool) & (predecessor >= 0)
+    logp = torch.log_softmax(logits[predecessor[mask]].float(), dim=-1)
+    values = -(logp.exp() * logp).sum(dim=-1)
+    return torch.zeros(mask.shape, dtype=values.dtype, device=values.device).masked_scatter(mask, values)
+
+
+def sequence_log_ratio(logprobs: Tensor, proximal: Tensor, mask: Tensor, sample_index: Tensor) -> Tensor:
+    """GSPO: per token, log s of its sample, s = exp(mean of log(pi/pi_prox) over the sample's `mask`
+    tokens); the gradient reaches every token of the sample through the mean (0 for a sample without one)."""
+    log_ratio = (logprobs - proximal).clamp(-_LOG_RATIO_LIMIT, _LOG_RATIO_LIMIT)
+    num_samples = int(sample_index.max()) + 1 if sample_index.numel() else 0
+    sums = torch.zeros(num_samples, dtype=log_ratio.dtype, device=log_ratio.device)
+    sums = sums.index_add(0, sample_index[mask], log_ratio[mask])
+    counts = torch.zeros(num_samples, dtype=log_ratio.dtype, device=log_ratio.device)
+    counts = counts.index_add(0, sample_index[mask], torch.ones_like(log_ratio[mask]))
+    return (sums / counts.clamp(min=1.0))[sample_index]
+
+
 def ppo_clip_loss(
     logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, token_weights: Tensor, *,
     clip_eps: float = 0.2, clip_eps_high: float | None = None,
@@ -143,6 +185,10 @@ class LossStats:
     kl_loss: float = 0.0
     tokens: int = 0
     clipped: int = 0
+    clipped_low: int = 0  # ratio below 1 - eps with a negative advantage
+    clipped_high: int = 0  # ratio above 1 + eps_high with a positive advantage
+    entropy_sum: float = 0.0
+    entropy_loss: float = 0.0
     kl_ref_sum: float = 0.0
     kl_behaviour_sum: float = 0.0
     kl_proximal_sum: float = 0.0
@@ -154,20 +200,12 @@ class LossStats:
     staleness_histogram: list[int] = field(default_factory=list)
 
     def merge(self, other: LossStats) -> LossStats:
+        sums = {f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)
+                if f.name not in _NOT_SUMMED}
         return LossStats(
-            loss=self.loss + other.loss,
-            policy_loss=self.policy_loss + other.policy_loss,
-            kl_loss=self.kl_loss + other.kl_loss,
-            tokens=self.tokens + other.tokens,
-            clipped=self.clipped + other.clipped,
-            kl_ref_sum=self.kl_ref_sum + other.kl_ref_sum,
-            kl_behaviour_sum=self.kl_behaviour_sum + other.kl_behaviour_sum,
-            kl_proximal_sum=self.kl_proximal_sum + other.kl_proximal_sum,
-            iw_sum=self.iw_sum + other.iw_sum,
+            **sums,
             iw_max=max(self.iw_max, other.iw_max),
             iw_min=min(self.iw_min, other.iw_min),
-            iw_capped=self.iw_capped + other.iw_capped,
-            stale_tokens=self.stale_tokens + other.stale_tokens,
             staleness_histogram=merge_histograms(self.staleness_histogram, other.staleness_histogram),
         )
 
@@ -177,6 +215,18 @@ class LossStats:
     @property
     def clip_fraction(self) -> float:
         return self._mean(self.clipped)
+
+    @property
+    def clip_fraction_low(self) -> float:
+        return self._mean(self.clipped_low)
+
+    @property
+    def clip_fraction_high(self) -> float:
+        return self._mean(self.clipped_high)
+
+    @property
+    def entropy(self) -> float:
+        return self._mean(self.entropy_sum)
 
     @property
     def kl_ref(self) -> float:
@@ -199,6 +249,9 @@ class LossStats:
         return self._mean(self.iw_capped)
 
 
+_NOT_SUMMED = frozenset({"iw_max", "iw_min", "staleness_histogram"})
+
+
 def decoupled_ppo_loss(
     logprobs: Tensor,
     proximal_logprobs: Tensor,
@@ -217,13 +270,20 @@ def decoupled_ppo_loss(
     max_staleness: int | None = None,
     ref_logprobs: Tensor | None = None,
     kl_coef: float = 0.0,
+    kl_estimator: KlEstimator = "k3",
+    ratio_level: RatioLevel = "token",
+    sample_index: Tensor | None = None,
+    entropy: Tensor | None = None,
+    entropy_coef: float = 0.0,
 ) -> tuple[Tensor, LossStats]:
-    """The decoupled PPO objective (see the module doc) plus an optional k3 KL penalty to a reference.
+    """The decoupled PPO objective (see the module doc), plus an optional KL penalty to a reference
+    (`kl_estimator`) and an optional entropy bonus (loss -= entropy_coef * sum(weights * entropy)).
 
     All tensors are per token with the same shape. `loss_mask` marks generated tokens; tokens past the
     staleness bound (needs `versions` and `current_version`) and, with iw_mode="mask", tokens whose
     behaviour importance weight exceeds `iw_cap` are dropped: their weight is zeroed, so they get no
-    gradient. Returns the loss `sum(token_weights * ...)` and its statistics.
+    gradient. ratio_level="sequence" (GSPO) needs `sample_index` (each token's sample). `entropy`, when
+    given, is reported (trained on if entropy_coef > 0). Returns the loss and its statistics.
     """
     mask = loss_mask.to(torch.bool)
     stats = LossStats()
@@ -232,29 +292,56 @@ def decoupled_ppo_loss(
     proximal = proximal_logprobs.detach()
     iw, mask = _behaviour_weights(proximal, behaviour_logprobs, mask, iw_cap, iw_mode, stats)
     weights = torch.where(mask, token_weights, torch.zeros_like(token_weights))
-    surrogate, clipped = _clipped_surrogate(logprobs, proximal, advantages, clip_eps, clip_eps_high, dual_clip)
+    if ratio_level == "sequence":
+        if sample_index is None:
+            raise ValueError("ratio_level='sequence' needs sample_index")
+        log_ratio = sequence_log_ratio(logprobs, proximal, mask, sample_index)
+    else:
+        log_ratio = (logprobs - proximal).clamp(-_LOG_RATIO_LIMIT, _LOG_RATIO_LIMIT)
+    surrogate, clipped = _clipped_surrogate(log_ratio, advantages, clip_eps, clip_eps_high, dual_clip)
     policy_loss = (weights * iw * surrogate).sum()
+    loss = policy_loss + _reference_kl(logprobs, ref_logprobs, weights, mask, kl_coef, kl_estimator, stats)
+    if entropy is not None:
+        stats.entropy_sum = float(entropy.detach()[mask].sum())
+        if entropy_coef > 0:
+            entropy_loss = -entropy_coef * (weights * entropy).sum()
+            stats.entropy_loss = float(entropy_loss.detach())
+            loss = loss + entropy_loss
 
-    kl_loss = torch.zeros((), dtype=policy_loss.dtype)
-    if ref_logprobs is not None:
-        kl_ref = k3_kl(logprobs, ref_logprobs.detach())
-        kl_loss = kl_coef * (weights * kl_ref).sum()
-        stats.kl_ref_sum = float(kl_ref.detach()[mask].sum())
-    loss = policy_loss + kl_loss
-
-    with torch.no_grad():
-        stats.tokens = int(mask.sum())
-        stats.loss, stats.policy_loss = float(loss.detach()), float(policy_loss.detach())
-        stats.kl_loss = float(kl_loss.detach())
-        stats.clipped = int((clipped & mask).sum())
-        stats.kl_behaviour_sum = float(k3_kl(logprobs, behaviour_logprobs)[mask].sum())
-        stats.kl_proximal_sum = float(k3_kl(logprobs, proximal)[mask].sum())
-        if stats.tokens:
-            selected = iw[mask]
-            stats.iw_sum, stats.iw_max, stats.iw_min = float(selected.sum()), float(selected.max()), float(
-                selected.min()
-            )
+    stats.loss, stats.policy_loss = float(loss.detach()), float(policy_loss.detach())
+    _token_stats(stats, mask, clipped & mask, log_ratio.detach(), iw, logprobs.detach(), proximal,
+                 behaviour_logprobs)
     return loss, stats
+
+
+@torch.no_grad()
+def _token_stats(stats: LossStats, mask: Tensor, clipped: Tensor, log_ratio: Tensor, iw: Tensor,
+                 logprobs: Tensor, proximal: Tensor, behaviour_logprobs: Tensor) -> None:
+    """The per-token sums of `stats` over the trained tokens (`mask`)."""
+    stats.tokens = int(mask.sum())
+    stats.clipped = int(clipped.sum())
+    stats.clipped_high = int((clipped & (log_ratio > 0)).sum())
+    stats.clipped_low = stats.clipped - stats.clipped_high
+    stats.kl_behaviour_sum = float(k3_kl(logprobs, behaviour_logprobs)[mask].sum())
+    stats.kl_proximal_sum = float(k3_kl(logprobs, proximal)[mask].sum())
+    if stats.tokens:
+        selected = iw[mask]
+        stats.iw_sum, stats.iw_max, stats.iw_min = float(selected.sum()), float(selected.max()), float(
+            selected.min()
+        )
+
+
+def _reference_kl(logprobs: Tensor, ref_logprobs: Tensor | None, weights: Tensor, mask: Tensor, kl_coef: float,
+                  estimator: KlEstimator, stats: LossStats) -> Tensor:
+    """The KL penalty kl_coef * sum(weights * KL estimate) (0 without a reference); the estimate's sum
+    over `mask` and the penalty go into `stats`."""
+    if ref_logprobs is None:
+        return torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
+    kl_ref = kl_estimate(logprobs, ref_logprobs.detach(), estimator)
+    kl_loss = kl_coef * (weights * kl_ref).sum()
+    stats.kl_ref_sum = float(kl_ref.detach()[mask].sum())
+    stats.kl_loss = float(kl_loss.detach())
+    return kl_loss
 
 
 def _drop_stale(mask: Tensor, versions: Tensor, current_version: int, max_staleness: int | None,
@@ -280,10 +367,10 @@ def _behaviour_weights(proximal: Tensor, behaviour_logprobs: Tensor, mask: Tenso
     return iw, mask
 
 
-def _clipped_surrogate(logprobs: Tensor, proximal: Tensor, advantages: Tensor, clip_eps: float,
-                       clip_eps_high: float | None, dual_clip: float | None) -> tuple[Tensor, Tensor]:
-    """(per-token clipped surrogate against the proximal policy, which tokens the clip bound)."""
-    ratio = torch.exp((logprobs - proximal).clamp(-_LOG_RATIO_LIMIT, _LOG_RATIO_LIMIT))
+def _clipped_surrogate(log_ratio: Tensor, advantages: Tensor, clip_eps: float, clip_eps_high: float | None,
+                       dual_clip: float | None) -> tuple[Tensor, Tensor]:
+    """(per-token clipped surrogate of the ratio to the proximal policy, which tokens the clip bound)."""
+    ratio = torch.exp(log_ratio)
     high = clip_eps if clip_eps_high is None else clip_eps_high
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(1.0 - clip_eps, 1.0 + high)
@@ -291,56 +378,3 @@ def _clipped_surrogate(logprobs: Tensor, proximal: Tensor, advantages: Tensor, c
     if dual_clip is not None:
         surrogate = torch.where(advantages < 0, torch.minimum(surrogate, -advantages * dual_clip), surrogate)
     return surrogate, (clipped > unclipped).detach()
-
-
-# --- critic ----------------------------------------------------------------------------------------
-
-
-@dataclass
-class ValueLossStats:
-    """Sums over the tokens of one or more value-loss calls."""
-
-    loss: float = 0.0
-    tokens: int = 0
-    clipped: int = 0
-    squared_error_sum: float = 0.0
-
-    def merge(self, other: ValueLossStats) -> ValueLossStats:
-        return ValueLossStats(
-            loss=self.loss + other.loss,
-            tokens=self.tokens + other.tokens,
-            clipped=self.clipped + other.clipped,
-            squared_error_sum=self.squared_error_sum + other.squared_error_sum,
-        )
-
-    @property
-    def clip_fraction(self) -> float:
-        return self.clipped / self.tokens if self.tokens else 0.0
-
-    @property
-    def mse(self) -> float:
-        return self.squared_error_sum / self.tokens if self.tokens else 0.0
-
-
-def value_loss(
-    values: Tensor, old_values: Tensor, returns: Tensor, token_weights: Tensor, loss_mask: Tensor, *,
-    clip: float | None = 0.2,
-) -> tuple[Tensor, ValueLossStats]:
-    """PPO critic loss 0.5 * max((V - R)^2, (V_clipped - R)^2), V_clipped within `clip` of the old value."""
-    mask = loss_mask.to(torch.bool)
-    weights = torch.where(mask, token_weights, torch.zeros_like(token_weights))
-    error = (values - returns) ** 2
-    if clip is None:
-        per_token = error
-        clipped_count = 0
-    else:
-        old = old_values.detach()
-        clipped_error = (old + (values - old).clamp(-clip, clip) - returns) ** 2
-        per_token = torch.maximum(error, clipped_error)
-        clipped_count = int(((clipped_error > error) & mask).sum())
-    loss = 0.5 * (weights * per_token).sum()
-    stats = ValueLossStats(
-        loss=float(loss.detach()), tokens=int(mask.sum()), clipped=clipped_count,
-        squared_error_sum=float(error.detach()[mask].sum()),
-    )
-    return loss, stats

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from trainer_svc.advantages import grpo_advantages, tree_gae, whiten
 from trainer_svc.config import Aggregation
-from trainer_svc.losses import aggregation_weights, fresh_mask
+from trainer_svc.losses import aggregation_weights, fresh_mask, merge_histograms, staleness_histogram
 from trainer_svc.tree_pack import PackedBatch, PackedTree, pack_batch, plan_micro_batches
 
 log = logging.getLogger(__name__)
@@ -58,19 +58,41 @@ def build_micro_batches(trees: Sequence[PackedTree], policy_version: int, micro_
     return result
 
 
+def step_staleness(trees: Sequence[PackedTree], policy_version: int, max_staleness: int | None
+                   ) -> tuple[tuple[int, ...], int]:
+    """(generated tokens per staleness, how many of them are beyond the bound) over a step's trees."""
+    histogram: list[int] = []
+    for tree in trees:
+        histogram = merge_histograms(
+            histogram, staleness_histogram(tree.loss_mask, tree.versions, policy_version, max_staleness)
+        )
+    stale = sum(int((t.loss_mask & ~fresh_mask(t.loss_mask, t.versions, policy_version, max_staleness)).sum())
+                for t in trees)
+    return tuple(histogram), stale
+
+
 def split_updates(micro_batches: list[MicroBatch], gradient_accumulation_steps: int) -> list[list[MicroBatch]]:
     """Consecutive micro-batches per optimizer update (all of them in one update when 0)."""
     per_update = gradient_accumulation_steps or len(micro_batches)
     return [micro_batches[i:i + per_update] for i in range(0, len(micro_batches), per_update)]
 
 
-def update_token_weights(update: Sequence[MicroBatch], num_samples: int, aggregation: Aggregation) -> list[Tensor]:
-    """Per-token loss weights of each micro-batch of one update, aggregated over the whole update."""
+def mask_samples(micro_batches: Sequence[MicroBatch], drop: Tensor) -> None:
+    """Takes the samples where `drop` (bool, per sample) is set out of the loss: their tokens are not
+    trained and do not count in the aggregation (DAPO's overlong filtering); their advantages stay."""
+    for mb in micro_batches:
+        mb.train_mask = mb.train_mask & ~drop[mb.sample_index]
+
+
+def update_token_weights(update: Sequence[MicroBatch], num_samples: int, aggregation: Aggregation,
+                         constant: float | None = None) -> list[Tensor]:
+    """Per-token loss weights of each micro-batch of one update, aggregated over the whole update
+    (`constant`: seq_mean_token_sum_norm's normaliser)."""
     counts = torch.zeros(num_samples, dtype=torch.float64)
     for mb in update:
         counts.index_add_(0, mb.sample_index[mb.train_mask],
                           torch.ones(int(mb.train_mask.sum()), dtype=torch.float64))
-    per_sample = aggregation_weights(counts, aggregation)
+    per_sample = aggregation_weights(counts, aggregation, constant)
     return [torch.where(mb.train_mask, per_sample[mb.sample_index], 0.0) for mb in update]
 
 

@@ -10,8 +10,10 @@ from trainer_svc.selection import describe_dropped
 
 @dataclass(frozen=True)
 class StepResult:
-    """What one train step did. `kl` is the k3 KL to the reference when kl_coef > 0, otherwise the k3 KL
-    between the updated-from policy and the behaviour policies (how off-policy the data was)."""
+    """What one train step did. `kl` is the KL to the reference (`kl_estimator`) when kl_coef > 0,
+    otherwise the k3 KL between the updated-from policy and the behaviour policies (how off-policy the
+    data was). Token means (`entropy`, the clip fractions) are over the trained tokens; the response
+    lengths are over the step's kept sessions, masked or not (what a runaway length shows in)."""
 
     step: int
     policy_version: int
@@ -27,6 +29,11 @@ class StepResult:
     iw_mean: float
     iw_max: float
     iw_capped_fraction: float
+    clip_fraction_low: float  # ratio clipped at 1 - clip_eps (negative advantage)
+    clip_fraction_high: float  # ratio clipped at 1 + clip_eps_high (positive advantage)
+    entropy: float  # mean entropy of the policy at the trained tokens, before the update
+    response_length_mean: float  # mean generated tokens per call output
+    truncated_fraction: float  # sessions with a call output of max_response_tokens (0 when unknown)
     staleness_histogram: tuple[int, ...]
     stale_tokens: int
     num_tokens: int

@@ -11,7 +11,8 @@ One train step (policy version v -> v + 1):
      generated tokens older than the staleness bound are masked (v - token_version > max_staleness);
   3. advantages: GRPO normalises session rewards within each group (group_id, else task_id, else the
      session alone); PPO runs GAE on every root-to-leaf branch over the critic's values and averages
-     a shared token's advantage over the branches through it;
+     a shared token's advantage over the branches through it; overlong handling (`overlong`) first
+     shapes the rewards (soft penalty) and/or takes truncated sessions out of the loss;
   4. before any weight changes: reference logprobs (k3 KL, when kl_coef > 0), critic values (PPO) and
      the proximal logprobs when the step makes more than one update; with a single update the
      proximal policy *is* the current one, so the training forward's detached logprobs are used;
@@ -45,26 +46,29 @@ from trainer_svc.config import TrainerConfig
 from trainer_svc.critic import ValueModel
 from trainer_svc.engine import TrainEngine
 from trainer_svc.errors import BatchError, CheckpointError, EngineError, NonFiniteError, TreePackError
-from trainer_svc.losses import (
-    LossStats,
-    ValueLossStats,
-    decoupled_ppo_loss,
-    fresh_mask,
-    merge_histograms,
-    staleness_histogram,
-    value_loss,
-)
+from trainer_svc.losses import LossStats, decoupled_ppo_loss, token_entropy
 from trainer_svc.micro_batches import (
     MicroBatch,
     build_micro_batches,
+    mask_samples,
     set_gae_advantages,
     set_grpo_advantages,
     split_updates,
+    step_staleness,
     update_token_weights,
 )
+from trainer_svc.overlong import ResponseLengths, overlong_penalty, response_lengths
 from trainer_svc.selection import Selection, describe_dropped, group_key, select_trainable, usable
 from trainer_svc.step_result import StepResult
-from trainer_svc.tree_pack import PackedTree, forward_logprobs, forward_values, pack_tree
+from trainer_svc.tree_pack import (
+    PackedTree,
+    forward_logits,
+    forward_logprobs,
+    forward_values,
+    pack_tree,
+    token_logprobs,
+)
+from trainer_svc.value_loss import ValueLossStats, value_loss
 
 log = logging.getLogger(__name__)
 
@@ -81,22 +85,11 @@ class _StepInputs:
 
     selection: Selection
     trees: list[PackedTree]
-    rewards: Tensor
+    rewards: Tensor  # as reported by the sessions
+    train_rewards: Tensor  # what the advantages are computed from (overlong penalty added)
+    lengths: ResponseLengths
     micro_batches: list[MicroBatch]
     updates: list[list[MicroBatch]]
-
-
-def _staleness(trees: Sequence[PackedTree], policy_version: int, max_staleness: int | None
-               ) -> tuple[tuple[int, ...], int]:
-    """(generated tokens per staleness, how many of them are beyond the bound) over a step's trees."""
-    histogram: list[int] = []
-    for tree in trees:
-        histogram = merge_histograms(
-            histogram, staleness_histogram(tree.loss_mask, tree.versions, policy_version, max_staleness)
-        )
-    stale = sum(int((t.loss_mask & ~fresh_mask(t.loss_mask, t.versions, policy_version, max_staleness)).sum())
-                for t in trees)
-    return tuple(histogram), stale
 
 
 class Trainer:
@@ -185,10 +178,17 @@ class Trainer:
                              f"{describe_dropped(selection.dropped_groups)})")
         trees = [packed[t.trajectory_id] for t in selection.kept]
         rewards = torch.tensor([float(t.reward) for t in selection.kept], dtype=torch.float32)
+        lengths = response_lengths(trees, algo.max_response_tokens)
+        train_rewards = rewards
+        if algo.overlong_buffer is not None and algo.max_response_tokens is not None:
+            train_rewards = rewards + overlong_penalty(lengths.longest, algo.max_response_tokens,
+                                                       algo.overlong_buffer, algo.overlong_penalty)
         micro_batches = build_micro_batches(trees, policy_version, self.config.engine.micro_batch_tokens,
                                             algo.max_staleness)
+        if algo.overlong_mask:
+            mask_samples(micro_batches, lengths.truncated)
         updates = split_updates(micro_batches, self.config.engine.gradient_accumulation_steps)
-        return _StepInputs(selection, trees, rewards, micro_batches, updates)
+        return _StepInputs(selection, trees, rewards, train_rewards, lengths, micro_batches, updates)
 
     @torch.no_grad()
     def _prepare(self, inputs: _StepInputs, *, multiple_updates: bool) -> None:
@@ -204,12 +204,12 @@ class Trainer:
                 mb.proximal = forward_logprobs(self.policy.engine, mb.batch)
             self.policy.module.train()
         if self.critic is None:
-            set_grpo_advantages(micro_batches, inputs.rewards, [group_key(t) for t in inputs.selection.kept],
-                                normalize_std=algo.normalize_std)
+            set_grpo_advantages(micro_batches, inputs.train_rewards,
+                                [group_key(t) for t in inputs.selection.kept], normalize_std=algo.normalize_std)
             return
         for mb in micro_batches:
             mb.old_values = forward_values(self.critic.engine, mb.batch).cpu()
-        set_gae_advantages(micro_batches, inputs.trees, inputs.rewards, gamma=algo.gamma, lam=algo.lam,
+        set_gae_advantages(micro_batches, inputs.trees, inputs.train_rewards, gamma=algo.gamma, lam=algo.lam,
                            normalize=algo.normalize_advantages)
 
     def _apply_updates(self, updates: list[list[MicroBatch]], num_samples: int
@@ -222,7 +222,7 @@ class Trainer:
         applied = 0
         for _ in range(algo.ppo_epochs):
             for update in updates:
-                weights = update_token_weights(update, num_samples, algo.aggregation)
+                weights = update_token_weights(update, num_samples, algo.aggregation, algo.aggregation_constant)
                 for mb, w in zip(update, weights, strict=True):
                     stats = stats.merge(self._policy_backward(mb, w, applied))
                 self._refuse_non_finite_gradients(self.policy, "policy", applied)
@@ -239,7 +239,7 @@ class Trainer:
                 grad_norm: float, *, duration_ms: float) -> StepResult:
         algo = self.config.algorithm
         passes = algo.ppo_epochs
-        histogram, stale = _staleness(inputs.trees, policy_version, algo.max_staleness)
+        histogram, stale = step_staleness(inputs.trees, policy_version, algo.max_staleness)
         return StepResult(
             step=self.step,
             policy_version=policy_version,
@@ -255,6 +255,11 @@ class Trainer:
             iw_mean=stats.iw_mean,
             iw_max=stats.iw_max,
             iw_capped_fraction=stats.iw_capped_fraction,
+            clip_fraction_low=stats.clip_fraction_low,
+            clip_fraction_high=stats.clip_fraction_high,
+            entropy=stats.entropy,
+            response_length_mean=inputs.lengths.mean_call_length,
+            truncated_fraction=inputs.lengths.truncated_fraction,
             staleness_histogram=histogram,
             stale_tokens=stale,
             num_tokens=sum(t.num_tokens for t in inputs.trees),
@@ -286,15 +291,20 @@ class Trainer:
 
     def _policy_backward(self, mb: MicroBatch, weights: Tensor, applied: int) -> LossStats:
         algo = self.config.algorithm
-        logprobs = forward_logprobs(self.policy.engine, mb.batch)
-        device = logprobs.device
+        logits = forward_logits(self.policy.engine, mb.batch)
+        device = logits.device
+        predecessor, train_mask = mb.batch.predecessor.to(device), mb.train_mask.to(device)
+        logprobs = token_logprobs(logits, mb.batch.token_ids.to(device), predecessor)
         proximal = mb.proximal.to(device) if mb.proximal is not None else logprobs.detach()
         loss, stats = decoupled_ppo_loss(
             logprobs, proximal, mb.batch.behaviour_logprobs.to(device), mb.advantages.to(device),
-            weights.to(device), mb.train_mask.to(device),
+            weights.to(device), train_mask,
             clip_eps=algo.clip_eps, clip_eps_high=algo.clip_eps_high, dual_clip=algo.dual_clip,
             iw_cap=algo.iw_cap, iw_mode=algo.iw_mode,
             ref_logprobs=None if mb.reference is None else mb.reference.to(device), kl_coef=algo.kl_coef,
+            kl_estimator=algo.kl_estimator, ratio_level=algo.ratio_level, sample_index=mb.sample_index.to(device),
+            entropy=token_entropy(logits if algo.entropy_coef > 0 else logits.detach(), predecessor, train_mask),
+            entropy_coef=algo.entropy_coef,
         )
         self._refuse_non_finite_loss(self.policy, loss, "policy", applied)
         self.policy.backward(loss)

@@ -357,9 +357,14 @@ def forward_logprobs(model: nn.Module, batch: PackedBatch) -> Tensor:
     `model` is a transformers causal LM or a DeepSpeed engine wrapping one (its forward takes the same
     arguments); gradients flow if the caller has them enabled. The result is on the model's device.
     """
-    output = model(**_model_inputs(model, batch))
-    logits = output.logits[0]
+    logits = forward_logits(model, batch)
     return token_logprobs(logits, batch.token_ids.to(logits.device), batch.predecessor.to(logits.device))
+
+
+def forward_logits(model: nn.Module, batch: PackedBatch) -> Tensor:
+    """The logits (shape (T, vocab)) of a packed micro-batch, for what needs more than the logprobs of
+    the tokens (the entropy); `forward_logprobs` is `token_logprobs` of them."""
+    return model(**_model_inputs(model, batch)).logits[0]
 
 
 def forward_values(value_model: nn.Module, batch: PackedBatch) -> Tensor:

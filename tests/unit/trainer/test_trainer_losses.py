@@ -19,8 +19,8 @@ from trainer_svc.losses import (
     ppo_clip_loss,
     staleness_histogram,
     token_weights,
-    value_loss,
 )
+from trainer_svc.value_loss import value_loss
 
 pytestmark = pytest.mark.unit
 
