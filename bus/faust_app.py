@@ -8,7 +8,7 @@ dataclasses. A message that cannot be decoded does not crash the agent: the code
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -78,9 +78,11 @@ def create_faust_app(
     return faust.App(f"{config.topic_prefix}{app_id}", **defaults)
 
 
-async def typed_events(stream: Any, dlq: EventProducer, config: BusConfig, group: str) -> AsyncIterator[Event]:
-    """The events of a Faust stream; undecodable messages go to the DLQ with their coordinates."""
-    async for fevent in stream.events():
+async def typed_events(fevents: AsyncIterable[Any], dlq: EventProducer, config: BusConfig,
+                       group: str) -> AsyncIterator[tuple[Any, Event]]:
+    """(message, event) for each Faust event of `fevents` (`stream.events()`, or a guard's admitted events);
+    undecodable messages go to the DLQ with their coordinates."""
+    async for fevent in fevents:
         value = fevent.value
         if isinstance(value, Undecodable):
             msg = fevent.message
@@ -89,4 +91,4 @@ async def typed_events(stream: Any, dlq: EventProducer, config: BusConfig, group
             await dlq.publish_async(letter, topic=config.topic("dlq"))
             log.warning("dead-lettered %s[%d]@%d: %s", msg.topic, msg.partition, msg.offset, value.reason)
             continue
-        yield value
+        yield fevent.message, value

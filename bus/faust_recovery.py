@@ -15,6 +15,14 @@ Gaps are refused (`InputGuard.refuse_gap`, installed as the consumer's gap handl
     would let a commit pass inputs never processed. Topics without gaps (not compacted, no transaction
     markers) are instead sought back over the skipped offsets.
 
+Inputs in offset order (`InputGuard.admitted`, the agents' streams)
+    After a seek (recovery, a refused gap) the fetcher can still deliver messages fetched before it, so a
+    later input could overtake an earlier one, and Faust, which marks a seek's offset as read, then drops
+    the earlier one when it is fetched again. An agent therefore takes each guarded partition's inputs
+    strictly in offset order: one read again is skipped, one ahead of the next offset is neither processed
+    nor acknowledged and the partition is sought back to that offset. Applying a session's inputs in their
+    partition order keeps its trajectory identical (call order included) however the worker was killed.
+
 A commit never passes an input (`InputGuard.committable_offset`, installed as the consumer's `_new_offset`)
     Faust commits the run of acked offsets that starts at most one above the committed offset, and marks
     the offset it seeks to as read: after a seek, an input at the seek offset that a later one overtook is
@@ -43,7 +51,7 @@ import asyncio
 import logging
 import shutil
 import time
-from collections.abc import Collection
+from collections.abc import AsyncIterator, Collection
 from pathlib import Path
 from typing import Any, Final
 
@@ -52,6 +60,7 @@ from bus.consumer import group_start_offsets
 from bus.errors import BusError
 
 log = logging.getLogger("sflow.bus.faust")
+_NEXT, _READ_AGAIN, _AHEAD = "next", "read again", "ahead"  # what `admitted` does with an input
 _LOG: Final = {"service": "faust"}
 
 
@@ -66,14 +75,58 @@ class InputGuard:
         self._seek_tasks: set[asyncio.Task[None]] = set()
         self._progress: dict[tuple[str, int], tuple[int, float]] = {}  # input tp -> next offset, when it moved
         self._start: dict[Any, int] = {}  # tp -> where the group resumed it at the last recovery
+        self._expected: dict[tuple[str, int], int] = {}  # guarded partition -> next offset to process
+        self._seeking: set[tuple[str, int]] = set()  # partitions with a seek back on its way
         self._held_since: dict[Any, float] = {}  # tp -> since when its next offset is unacked behind acked ones
         app.consumer._add_gap = self.refuse_gap  # module doc: "Gaps are refused"
         self._faust_new_offset = app.consumer._new_offset
         app.consumer._new_offset = self.committable_offset  # module doc: "A commit never passes an input"
 
-    def seen(self, message: Any) -> None:
-        """Records that an agent read `message` (the stall watchdog's progress)."""
-        self._progress[(message.topic, message.partition)] = (message.offset + 1, time.monotonic())
+    async def admitted(self, stream: Any) -> AsyncIterator[Any]:
+        """The Faust events of `stream` that its agent must process: each guarded partition's inputs in
+        offset order, each once per recovery (module doc: "Inputs in offset order"). An event is
+        acknowledged only once the agent's body for it returned; one that arrived ahead of a missing offset
+        is never acknowledged (the commit cannot pass it) and is read again, in order, after a seek back."""
+        manual = stream.noack()
+        async for fevent in manual.events():
+            verdict = self._admit(fevent.message)
+            if verdict == _AHEAD:
+                continue
+            if verdict == _NEXT:
+                yield fevent
+            await manual.ack(fevent)
+
+    def _admit(self, message: Any) -> str:
+        key = (message.topic, message.partition)
+        if message.topic not in self.topics:
+            return _NEXT
+        expected = self._expected.get(key)
+        if expected is None or message.offset == expected:
+            self._expected[key] = message.offset + 1
+            self._progress[key] = (message.offset + 1, time.monotonic())
+            return _NEXT
+        if message.offset < expected:
+            return _READ_AGAIN
+        self._seek_back(message.tp, key, f"offset {message.offset} arrived before {expected}")
+        return _AHEAD
+
+    def _seek_back(self, tp: Any, key: tuple[str, int], why: str) -> None:
+        """Seeks the partition back to its next offset to process, once at a time per partition."""
+        if key in self._seeking:
+            return
+        self._seeking.add(key)
+        log.warning("%s[%d]: %s; reading again from %d", tp.topic, tp.partition, why, self._expected[key],
+                    extra=_LOG)
+
+        async def seek() -> None:
+            try:
+                await self.app.consumer.seek(tp, self._expected[key])
+            finally:
+                self._seeking.discard(key)
+
+        task = asyncio.get_running_loop().create_task(seek())
+        self._seek_tasks.add(task)
+        task.add_done_callback(self._seek_tasks.discard)
 
     async def seek_to_group_start(self) -> None:
         """Seeks each assigned partition of the guarded topics to where the group resumes it."""
@@ -85,6 +138,7 @@ class InputGuard:
             await consumer.seek(tps[key], offset)
             self._progress[key] = (offset, now)
             self._start[tps[key]] = offset
+            self._expected[key] = offset
 
     def next_to_commit(self, tp: Any) -> int | None:
         """The partition's first offset not yet committed: Faust's committed offset, else the group start."""
@@ -101,7 +155,7 @@ class InputGuard:
         offset is dropped when a later one arrives first (the SIGKILL test's lost sessions, whose
         SessionEnded sat at the offset sought to). `unstall` re-reads such an input."""
         if tp.topic not in self.topics:
-            return self._faust_new_offset(tp)  # type: ignore[no-any-return]
+            return self._faust_new_offset(tp)
         acked = self.app.consumer._acked.get(tp)
         floor = self.next_to_commit(tp)
         if acked and floor is not None and min(acked) > floor:
@@ -114,23 +168,11 @@ class InputGuard:
     async def refuse_gap(self, tp: Any, offset_from: int, offset_to: int) -> None:
         """Faust counts a jump in a partition's offsets as acknowledged, so its next commit would pass
         inputs never processed. Our topics have no gaps (not compacted, no transaction markers): a jump
-        means the fetcher skipped messages, so they stay unacknowledged and the partition is sought back
-        to the first one once the message after the jump has been read (Faust drops re-fetched offsets
-        below the last one it read, so an earlier seek would be undone)."""
-        log.warning("%s[%d]: offsets %d-%d skipped by the fetcher; seeking back to %d", tp.topic, tp.partition,
-                    offset_from, offset_to - 1, offset_from, extra=_LOG)
-        task = asyncio.get_running_loop().create_task(self._seek_back(tp, offset_from, offset_to))
-        self._seek_tasks.add(task)
-        task.add_done_callback(self._seek_tasks.discard)
-
-    async def _seek_back(self, tp: Any, offset: int, after: int) -> None:
-        consumer = self.app.consumer
-        for _ in range(1000):  # bounded: the message after the jump is read within milliseconds
-            read = consumer._read_offset.get(tp)
-            if read is not None and read >= after:
-                break
-            await asyncio.sleep(0.01)
-        await consumer.seek(tp, offset)
+        means the fetcher skipped messages, so they stay unacknowledged and the partition is sought back to
+        its next offset to process (`admitted` drops whatever arrives ahead of it meanwhile)."""
+        key = (tp.topic, tp.partition)
+        self._expected.setdefault(key, offset_from)
+        self._seek_back(tp, key, f"offsets {offset_from}-{offset_to - 1} skipped by the fetcher")
 
     async def unstall(self) -> None:
         """Seeks each stalled guarded partition back to its next unprocessed offset (module doc)."""

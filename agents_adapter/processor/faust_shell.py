@@ -179,9 +179,7 @@ class TrajectoryProcessor:
     # --- agents ---
 
     async def _sessions_agent(self, stream: Any) -> None:
-        async for event in typed_events(stream, self.dlq, self.bus, self.group_id):
-            message = stream.current_event.message
-            self.guard.seen(message)
+        async for message, event in typed_events(self.guard.admitted(stream), self.dlq, self.bus, self.group_id):
             await self._handle_with_retries(
                 message, partial(self._on_input, message.partition, message.topic, event),
                 partial(self.sessions.rebuild, resync=True))
@@ -194,15 +192,13 @@ class TrajectoryProcessor:
             await self._wait_handed()
 
     async def _tasks_agent(self, stream: Any) -> None:
-        async for event in typed_events(stream, self.dlq, self.bus, self.group_id):
-            self.guard.seen(stream.current_event.message)
+        async for _, event in typed_events(self.guard.admitted(stream), self.dlq, self.bus, self.group_id):
             if isinstance(event, TaskDispatched) and event.group_id and event.n_samples > 0:
                 await self._send_group_record(GroupRecord("size", event.group_id, event.task_id, event.n_samples))
 
     async def _groups_agent(self, stream: Any) -> None:
-        async for fevent in stream.events():
+        async for fevent in self.guard.admitted(stream):
             message = fevent.message
-            self.guard.seen(message)
             try:
                 record = GroupRecord.from_bytes(fevent.value)
             except AdapterError as e:

@@ -26,7 +26,7 @@ def main() -> None:
 
     @app.agent(topic)
     async def record(stream):  # type: ignore[no-untyped-def]
-        async for event in typed_events(stream, dlq, config, "typed-test"):
+        async for _, event in typed_events(stream.events(), dlq, config, "typed-test"):
             seen.append(event.event_type)
             with open(out_file, "a") as out:
                 out.write(json.dumps({"type": event.event_type, "session": event.session_id}) + "\n")

@@ -84,3 +84,31 @@ def test_a_held_offset_is_read_again_after_the_stall_timeout(tmp_path: Path) -> 
     assert sought == []  # not yet: within stall_timeout_s
     asyncio.run(guard._reread_held([tp], now + 6))
     assert sought == [(tp, 8)]
+
+
+def test_inputs_are_admitted_in_offset_order_and_a_hole_is_read_again(tmp_path: Path) -> None:
+    from faust.types import TP
+
+    app, guard, tp = guard_of(tmp_path)
+    sought: list[int] = []
+
+    async def seek(partition: Any, offset: int) -> None:
+        sought.append(offset)
+
+    app.consumer.seek = seek
+
+    def message(offset: int) -> Any:
+        return type("M", (), {"topic": TOPIC, "partition": 2, "offset": offset, "tp": tp})()
+
+    async def scenario() -> list[str]:
+        guard._expected[(TOPIC, 2)] = 5  # where the group resumed it
+        verdicts = [guard._admit(message(o)) for o in (5, 7, 8)]  # 6 was overtaken after a seek
+        await asyncio.sleep(0)  # the seek back runs
+        verdicts += [guard._admit(message(o)) for o in (5, 6, 7, 8)]  # read again from 6 (and an old 5)
+        verdicts.append(guard._admit(type("M", (), {"topic": "t.ticks", "partition": 0, "offset": 99,
+                                                    "tp": TP("t.ticks", 0)})()))  # unguarded: always next
+        return verdicts
+
+    verdicts = asyncio.run(scenario())
+    assert verdicts == ["next", "ahead", "ahead", "read again", "next", "next", "next", "next"]
+    assert sought == [6]  # one seek back for the hole, not one per message that overtook it
