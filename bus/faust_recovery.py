@@ -64,6 +64,30 @@ _NEXT, _READ_AGAIN, _AHEAD = "next", "read again", "ahead"  # what `admitted` do
 _LOG: Final = {"service": "faust"}
 
 
+class _ReadOffsets(dict[Any, Any]):
+    """Faust's consumer `_read_offset` (partition -> the offset it read last), held at a hole being read again.
+
+    Faust accepts a fetched message only at or above that offset. After a seek back to a hole, messages
+    fetched before the seek still arrive and raise it, so the hole, fetched again, would be dropped (seen:
+    a worker seeking back to one offset for ever). While a hole is open the map answers at most the hole;
+    Faust reading the hole itself closes it."""
+
+    def __init__(self, current: dict[Any, Any], holes: dict[Any, int]) -> None:
+        super().__init__(current)
+        self.holes = holes
+
+    def __getitem__(self, tp: Any) -> Any:
+        stored, hole = super().get(tp), self.holes.get(tp)
+        if hole is None:
+            return stored
+        return hole if stored is None else min(stored, hole)
+
+    def __setitem__(self, tp: Any, offset: Any) -> None:
+        if offset is not None and self.holes.get(tp) == offset:
+            del self.holes[tp]
+        super().__setitem__(tp, offset)
+
+
 class InputGuard:
     """Start offsets, gap refusal and the stall watchdog for the partitions of `topics` (full names)."""
 
@@ -78,6 +102,8 @@ class InputGuard:
         self._expected: dict[tuple[str, int], int] = {}  # guarded partition -> next offset to process
         self._seeking: set[tuple[str, int]] = set()  # partitions with a seek back on its way
         self._held_since: dict[Any, float] = {}  # tp -> since when its next offset is unacked behind acked ones
+        self._holes: dict[Any, int] = {}  # partition -> an offset sought back to, not read again yet
+        app.consumer._read_offset = _ReadOffsets(app.consumer._read_offset, self._holes)
         app.consumer._add_gap = self.refuse_gap  # module doc: "Gaps are refused"
         self._faust_new_offset = app.consumer._new_offset
         app.consumer._new_offset = self.committable_offset  # module doc: "A commit never passes an input"
@@ -110,9 +136,10 @@ class InputGuard:
         self._seek_back(message.tp, key, f"offset {message.offset} arrived before {expected}")
         return _AHEAD
 
-    def _seek_back(self, tp: Any, key: tuple[str, int], why: str) -> None:
-        """Seeks the partition back to its next offset to process, once at a time per partition."""
-        if key in self._seeking:
+    def _seek_back(self, tp: Any, key: tuple[str, int], why: str, force: bool = False) -> None:
+        """Seeks the partition back to its next offset to process: once at a time per partition, and not
+        while the hole of an earlier seek is still on its way (unless `force`: the watchdog)."""
+        if key in self._seeking or (tp in self._holes and not force):
             return
         self._seeking.add(key)
         log.warning("%s[%d]: %s; reading again from %d", tp.topic, tp.partition, why, self._expected[key],
@@ -120,13 +147,17 @@ class InputGuard:
 
         async def seek() -> None:
             try:
-                await self.app.consumer.seek(tp, self._expected[key])
+                await self._seek_to_hole(tp, self._expected[key])
             finally:
                 self._seeking.discard(key)
 
         task = asyncio.get_running_loop().create_task(seek())
         self._seek_tasks.add(task)
         task.add_done_callback(self._seek_tasks.discard)
+
+    async def _seek_to_hole(self, tp: Any, offset: int) -> None:
+        await self.app.consumer.seek(tp, offset)
+        self._holes[tp] = offset  # after the seek: Faust's seek writes the read offset (`_ReadOffsets`)
 
     async def seek_to_group_start(self) -> None:
         """Seeks each assigned partition of the guarded topics to where the group resumes it."""
@@ -135,7 +166,7 @@ class InputGuard:
         starts = await asyncio.to_thread(group_start_offsets, self.bus, self.group_id, sorted(tps))
         now = time.monotonic()
         for key, offset in starts.items():
-            await consumer.seek(tps[key], offset)
+            await self._seek_to_hole(tps[key], offset)
             self._progress[key] = (offset, now)
             self._start[tps[key]] = offset
             self._expected[key] = offset
@@ -195,21 +226,19 @@ class InputGuard:
                 continue
             log.warning("input %s[%d] stalled at offset %d (highwater %d) for %.0f s: seeking back to it",
                         tp.topic, tp.partition, next_offset, high, now - moved, extra=_LOG)
-            await consumer.seek(tp, next_offset)
+            await self._seek_to_hole(tp, next_offset)
             self._progress[(tp.topic, tp.partition)] = (next_offset, now)
-
 
     async def _reread_held(self, tps: list[Any], now: float) -> None:
         """A partition whose next offset stays unacknowledged behind acknowledged ones (a dropped input,
         `committable_offset`) for `stall_timeout_s` is sought back to that offset."""
-        consumer = self.app.consumer
         for tp in tps:
             since, floor = self._held_since.get(tp), self.next_to_commit(tp)
             if since is None or floor is None or now - since < self.stall_timeout_s:
                 continue
             log.warning("input %s[%d]: offset %d was never processed while later ones were; seeking back to it",
                         tp.topic, tp.partition, floor, extra=_LOG)
-            await consumer.seek(tp, floor)
+            await self._seek_to_hole(tp, floor)
             self._held_since[tp] = now
 
 

@@ -112,3 +112,19 @@ def test_inputs_are_admitted_in_offset_order_and_a_hole_is_read_again(tmp_path: 
     verdicts = asyncio.run(scenario())
     assert verdicts == ["next", "ahead", "ahead", "read again", "next", "next", "next", "next"]
     assert sought == [6]  # one seek back for the hole, not one per message that overtook it
+
+
+def test_the_read_offset_stays_at_a_hole_until_faust_reads_it_again(tmp_path: Path) -> None:
+    from faust.types import TP
+
+    app, guard, tp = guard_of(tmp_path)
+    read = app.consumer._read_offset
+    assert read[TP(TOPIC, 0)] is None  # Faust's default for a partition never read
+    read[tp] = 6  # what Faust's seek writes
+    guard._holes[tp] = 6
+    read[tp] = 9  # a message fetched before the seek
+    assert read[tp] == 6  # Faust still accepts 6 when it is fetched again (it accepts offsets >= this)
+    read[tp] = 6  # Faust read the hole
+    assert tp not in guard._holes
+    read[tp] = 7
+    assert read[tp] == 7
