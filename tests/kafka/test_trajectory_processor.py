@@ -32,7 +32,7 @@ from agents_adapter.processor.table_codec import CLOSED, DELTA, TableKey
 from agents_adapter.processor.tree_delta import AddCall
 from bus.admin import ensure_topics
 from bus.config import BusConfig
-from bus.consumer import EventConsumer, Received, consumer_settings, fetch_ready, unique_group
+from bus.consumer import EventConsumer, Received, consumer_settings, fetch_ready, group_start_offsets, unique_group
 from bus.dedupe import Deduplicator
 from bus.errors import ConsumeError
 from bus.faust_liveness import EXIT_BROKER_LOST
@@ -155,6 +155,27 @@ def read_events(config: BusConfig, topic: str) -> list[Received]:
 def trajectories_on_topic(config: BusConfig) -> list[tuple[Trajectory, Received]]:
     """Every Trajectory copy on the topic, with where it was read."""
     return [(r.event, r) for r in read_events(config, "trajectories") if isinstance(r.event, Trajectory)]
+
+
+def diagnose_missing(config: BusConfig, missing: set[str]) -> str:
+    """Where each missing session's inputs are, what the changelog holds for it, and where the group resumes."""
+    lines: list[str] = []
+    for topic in ("llm.calls", "sessions"):
+        for r in read_events(config, topic):
+            sid = getattr(r.event, "session_id", "")
+            if sid in missing:
+                lines.append(f"input {topic}[{r.partition}]@{r.offset}: {type(r.event).__name__} {sid}"
+                             f" {getattr(r.event, 'call_id', '')}")
+    changelog = config.topic(f"{APP}-sessions-changelog")
+    for i, (p, key, value) in enumerate(read_raw(config, changelog)):
+        k = TableKey.from_bytes(key)
+        if k.entity in missing:
+            lines.append(f"changelog #{i} [{p}] kind={k.kind!r} part={k.partition} seq={k.seq} "
+                         f"{'DELETE' if value is None else len(value)}")
+    group = config.topic(APP)
+    tps = [(config.topic(t), p) for t in ("llm.calls", "sessions") for p in range(4)]
+    lines.append(f"group {group} resumes at {group_start_offsets(config, group, tps)}")
+    return "\n".join(lines)
 
 
 def wait_for_trajectories(config: BusConfig, ids: set[str], worker: Worker,
@@ -476,7 +497,7 @@ def test_sigkilled_workers_lose_no_session_and_dedupe_leaves_each_trajectory_onc
     missing = set(sessions) - set(consumed)
     on_topic = {t.trajectory_id for t, _ in trajectories_on_topic(bus_config)} if missing else set()
     assert not missing, (f"not consumed: {sorted(missing)}; of these on the topic: {sorted(missing & on_topic)}"
-                         f"\n{worker.tail()}")
+                         f"\n{diagnose_missing(bus_config, missing)}\n{worker.tail()}")
     assert all(count == 1 for count in consumed.values())
     assert all(len(raw) == 1 for raw in copies.values())  # redelivered copies are byte-identical
     by_id = {t.trajectory_id: t for t, _ in trajectories_on_topic(bus_config)}
