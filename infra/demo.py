@@ -53,6 +53,8 @@ def _adapter_stats(specs: list[ServiceSpec], admin_key: str) -> dict[str, object
 
     The proxy is drained first: a call whose agent has gone may still be generating (or be paused for
     a train step), and it is recorded when it finishes; the counters are read once none is in flight.
+    The sessions the stopped agents left open are then ended (aborted), so that every recorded call
+    ends up in a trajectory.
     """
     import httpx
 
@@ -61,7 +63,7 @@ def _adapter_stats(specs: list[ServiceSpec], admin_key: str) -> dict[str, object
     auth = {"Authorization": f"Bearer {admin_key}"}
     try:
         drained = httpx.post(f"{base}/admin/drain", headers=auth, timeout=70,
-                             json={"stop_accepting": True, "timeout_s": 60, "end_sessions": False})
+                             json={"stop_accepting": True, "timeout_s": 60, "end_sessions": True})
         if drained.status_code != 200 or drained.json().get("inflight"):
             log.warning("proxy not drained", extra={"reply": drained.text[:200]})
         reply = httpx.get(f"{base}/admin/stats", headers=auth, timeout=10)
@@ -214,6 +216,8 @@ def run(
         follow(config, monitor, launcher, cluster, faults)
         launcher.stop("rollout-workers")
         adapter_stats = _adapter_stats(specs, admin_key)
+        if unassembled := monitor.wait_assembled(60.0):
+            log.warning("calls in no trajectory at shutdown", extra={"calls": unassembled})
         launcher.stop_all()
         monitor.drain(5.0)
         summarise(config, paths, monitor)

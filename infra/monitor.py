@@ -61,6 +61,10 @@ class RunState:
     generating: dict[str, list[Span]] = field(default_factory=lambda: defaultdict(list))  # engine runs
     train_spans: list[Span] = field(default_factory=list)
     end_ms: int = 0
+    # Calls recorded but in no trajectory yet, and trajectory calls whose LLMCall is not seen yet (the
+    # two topics are read independently, so either may come first).
+    unassembled: set[str] = field(default_factory=set)
+    assembled_early: set[str] = field(default_factory=set)
 
     @property
     def steps(self) -> int:
@@ -146,8 +150,17 @@ class RunState:
             self.versions_per_call.append(tuple(sorted(set(event.output_versions.tolist()))))
             for seg in event.segments:
                 self.generating[seg.resource_id].append((seg.started_ms, seg.ended_ms))
+            if event.call_id in self.assembled_early:
+                self.assembled_early.discard(event.call_id)
+            else:
+                self.unassembled.add(event.call_id)
         elif isinstance(event, ev.Trajectory):
             self.trajectories += 1
+            for call_id in event.call_ids:
+                if call_id in self.unassembled:
+                    self.unassembled.discard(call_id)
+                else:
+                    self.assembled_early.add(call_id)
         elif isinstance(event, ev.BatchReady):
             self.ready_groups += 1
         elif isinstance(event, ev.TrainStepCompleted):
@@ -194,6 +207,20 @@ class RunMonitor:
     def drain(self, quiet_s: float) -> None:
         """Waits until no event arrived for `quiet_s` (the last ones of stopped services)."""
         while time.monotonic() - self._last_event < quiet_s:
+            time.sleep(0.2)
+
+    def wait_assembled(self, timeout_s: float) -> int:
+        """Waits until every recorded call is in a trajectory; answers how many are still not.
+
+        A shutdown that stops the trajectory processor before the last sessions' trajectories are out
+        leaves recorded calls in no trajectory: the run's log would not account for them.
+        """
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self._lock:
+                missing = len(self.state.unassembled)
+            if not missing or time.monotonic() >= deadline:
+                return missing
             time.sleep(0.2)
 
     def snapshot(self) -> RunState:

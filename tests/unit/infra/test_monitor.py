@@ -44,3 +44,14 @@ def test_a_rollout_tag_without_requests_is_tagged_busy_but_not_measured_work() -
     assert state.end_ms == 1000
     assert state.utilisation() == {"r0": (1.0, 0.0), "r1": (0.95, 0.05)}
     assert state.work_share() == {"r0": pytest.approx(0.6), "r1": pytest.approx(0.5)}
+
+
+def test_calls_in_no_trajectory_are_tracked_whichever_topic_comes_first() -> None:
+    state = RunState()
+    a, b, c = (example(ev.LLMCall, call_id=i) for i in ("a", "b", "c"))
+    state.apply(a)
+    state.apply(example(ev.Trajectory, call_ids=("a", "b")))  # b's trajectory before b's call
+    assert state.unassembled == set()
+    state.apply(b)
+    state.apply(c)
+    assert state.unassembled == {"c"} and state.assembled_early == set()
