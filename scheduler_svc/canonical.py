@@ -8,7 +8,6 @@ JSON the journal holds is written with sorted keys and no spaces, so equal value
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import uuid
 from collections.abc import Iterable
@@ -38,10 +37,6 @@ def _plain(value: Any) -> Any:
 def canonical_json(value: Any) -> str:
     """Sorted keys, no spaces: equal values give equal text (and digests)."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=_plain)
-
-
-def state_digest(state: Any) -> str:
-    return hashlib.sha256(canonical_json(state).encode("utf-8")).hexdigest()
 
 
 def observation_json(observation: core.Observation) -> dict[str, Any]:

@@ -375,7 +375,3 @@ def forward_values(value_model: nn.Module, batch: PackedBatch) -> Tensor:
     picked = values[predecessor.clamp(min=0)]
     return torch.where(predecessor >= 0, picked, torch.zeros_like(picked))
 
-
-def branch_values(tree: PackedTree, per_token: Tensor) -> list[Tensor]:
-    """Maps a per-token tensor of a packed tree back to its root-to-leaf branches."""
-    return [per_token[idx] for idx in tree.branch_token_indices()]
