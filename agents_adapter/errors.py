@@ -99,6 +99,15 @@ class UnknownSessionError(ProxyError):
     code = "session_not_found"
 
 
+class UnknownResponseError(ProxyError):
+    """A `previous_response_id` that this proxy does not keep (never served, not stored, forgotten, or
+    another agent's: not told apart, so one agent cannot probe another's ids)."""
+
+    status_code = 404
+    error_type = "invalid_request_error"
+    code = "previous_response_not_found"
+
+
 class SessionClosedError(ProxyError):
     """The session already ended (or already has its reward): no more calls or rewards."""
 

@@ -6,6 +6,10 @@ Endpoints (agent key = `Authorization: Bearer <key>`; admin key likewise):
   POST /v1/chat/completions            chat (stream / n / logprobs / tools / stop ...)
   POST /v1/completions                 text or token-id prompts
   POST /v1/generate                    token-in / token-out (SGLang's /generate shape + session)
+  POST /v1/responses                   OpenAI's Responses API (`responses_api`: function tools,
+                                       previous_response_id, stream)
+  POST /v1/messages                    Anthropic's Messages API (`anthropic_api`: tool_use /
+                                       tool_result, stream); key also as `x-api-key`
   GET  /v1/sessions/{id}               the session's state (its owner only)
   POST /v1/sessions/{id}/end           {reward?, status}: SessionEnded now, or later with /reward
   POST /v1/sessions/{id}/reward        {reward, status?}: the reward of a session ended without one
@@ -42,6 +46,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agents_adapter.errors import ProxyError
 from agents_adapter.proxy import outputs
+from agents_adapter.proxy.anthropic_api import MessagesApi, MessagesRequest, message_body, message_events
 from agents_adapter.proxy.chat_codec import ChatCodec
 from agents_adapter.proxy.config import AdapterConfig
 from agents_adapter.proxy.dispatch import Dispatcher
@@ -55,6 +60,7 @@ from agents_adapter.proxy.openai_models import (
     TokenGenerateRequest,
 )
 from agents_adapter.proxy.recording import Recorder
+from agents_adapter.proxy.responses_api import ResponsesApi, ResponsesRequest, response_body, response_events
 from agents_adapter.proxy.routing import RoutingTable
 from agents_adapter.proxy.routing_feed import RoutingFeed
 from agents_adapter.proxy.service import AdapterService, CallContext, Served
@@ -65,9 +71,11 @@ from bus.producer import EventProducer
 logger = logging.getLogger(__name__)
 _SWEEP_S = 30.0
 _BODIES: tuple[type[BaseModel], ...] = (
-    ChatCompletionRequest, CompletionRequest, TokenGenerateRequest, EndSessionRequest, RewardRequest, DrainRequest,
+    ChatCompletionRequest, CompletionRequest, TokenGenerateRequest, ResponsesRequest, MessagesRequest,
+    EndSessionRequest, RewardRequest, DrainRequest,
 )
-_Call = TypeVar("_Call", ChatCompletionRequest, CompletionRequest, TokenGenerateRequest)
+_Call = TypeVar("_Call", ChatCompletionRequest, CompletionRequest, TokenGenerateRequest, ResponsesRequest,
+                MessagesRequest)
 _Sampled = TypeVar("_Sampled", ChatCompletionRequest, CompletionRequest)
 
 
@@ -100,7 +108,8 @@ def create_app(config: AdapterConfig, *, codec: ChatCodec | None = None,
 
     for exc_type in (ProxyError, RequestValidationError, StarletteHTTPException, Exception):
         app.add_exception_handler(exc_type, handle)
-    for router in (_call_routes(service, gate), _session_routes(service.book, gate), _admin_routes(service, gate)):
+    for router in (_call_routes(service, gate), _translated_routes(service, gate), _session_routes(service.book, gate),
+                   _admin_routes(service, gate)):
         app.include_router(router)
     app.openapi = _openapi_with_bodies(app)  # type: ignore[method-assign]
     return app
@@ -159,16 +168,34 @@ async def _sweep(book: SessionBook) -> None:
 # ----- routes
 
 
-def _call_routes(service: AdapterService, gate: RequestGate) -> APIRouter:
-    """The model and the three call shapes (chat, text/token completions, token-in/token-out)."""
-    router = APIRouter()
+def _own_hints(_: str, req: Any) -> tuple[str | None, dict[str, str] | None]:
+    """An OpenAI body's session hint and metadata: its `user` and `metadata` fields."""
+    return req.user, req.metadata
 
-    async def served(request: Request, model: type[_Call],
-                     run: Callable[[CallContext, _Call], Awaitable[Served]]) -> tuple[_Call, Served]:
+
+_Served = Callable[..., Awaitable[tuple[Any, Served]]]
+
+
+def _server(service: AdapterService, gate: RequestGate) -> _Served:
+    """What every call route does: key, admission, body, session, then the call (failures counted)."""
+
+    async def served(request: Request, model: type[_Call], run: Callable[[CallContext, _Call], Awaitable[Served]],
+                     hints: Callable[[str, _Call], tuple[str | None, dict[str, str] | None]] = _own_hints,
+                     ) -> tuple[_Call, Served]:
+        """Parses and serves a call; `hints` gives the body's session hint and metadata."""
         agent = gate.agent_of(request)
         with gate.admitted(agent):
             req = await gate.parse_body(request, model)
-            return req, await _counted(service, run(call_context(request, agent, req.user, req.metadata), req))
+            user, metadata = hints(agent, req)
+            return req, await _counted(service, run(call_context(request, agent, user, metadata), req))
+
+    return served
+
+
+def _call_routes(service: AdapterService, gate: RequestGate) -> APIRouter:
+    """The model and the OpenAI call shapes (chat, text/token completions, token-in/token-out)."""
+    router = APIRouter()
+    served = _server(service, gate)
 
     @router.get("/health")
     async def health() -> dict[str, Any]:
@@ -197,6 +224,31 @@ def _call_routes(service: AdapterService, gate: RequestGate) -> APIRouter:
     async def generate(request: Request) -> Response:
         req, call = await served(request, TokenGenerateRequest, service.generate)
         return JSONResponse(_generate_body(call, req), headers={"X-Session-Id": call.session_id})
+
+    return router
+
+
+def _translated_routes(service: AdapterService, gate: RequestGate) -> APIRouter:
+    """OpenAI's Responses and Anthropic's Messages APIs, translated onto the chat pipeline."""
+    router = APIRouter()
+    served = _server(service, gate)
+    responses_api, messages_api = ResponsesApi(service, gate.limits), MessagesApi(service, gate.limits)
+
+    def answer(body: dict[str, Any], events: Callable[[dict[str, Any]], list[tuple[str, dict[str, Any]]]],
+               stream: bool, session_id: str) -> Response:
+        if not stream:
+            return JSONResponse(body, headers={"X-Session-Id": session_id})
+        return _event_stream(events(body), session_id)
+
+    @router.post("/v1/responses", response_model=None, openapi_extra=_schema(ResponsesRequest))
+    async def responses(request: Request) -> Response:
+        req, call = await served(request, ResponsesRequest, responses_api.serve, responses_api.session_hints)
+        return answer(response_body(req, call), response_events, req.stream, call.session_id)
+
+    @router.post("/v1/messages", response_model=None, openapi_extra=_schema(MessagesRequest))
+    async def messages(request: Request) -> Response:
+        req, call = await served(request, MessagesRequest, messages_api.serve, messages_api.session_hints)
+        return answer(message_body(service.codec, req, call), message_events, req.stream, call.session_id)
 
     return router
 
@@ -266,11 +318,22 @@ def _respond(served: Served, req: _Sampled, chunks: Callable[..., list[dict[str,
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     events = chunks(*shown, include_usage, served.extra)
     payload = b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in events) + b"data: [DONE]\n\n"
+    return _streamed(payload, served.session_id)
+
+
+def _event_stream(events: list[tuple[str, dict[str, Any]]], session_id: str) -> Response:
+    """Typed SSE events (`event:` + `data:` lines), as the Responses and Messages APIs stream."""
+    return _streamed(b"".join(f"event: {name}\ndata: {json.dumps(data)}\n\n".encode() for name, data in events),
+                     session_id)
+
+
+def _streamed(payload: bytes, session_id: str) -> Response:
+    """An SSE answer sent at once: the call is already recorded."""
 
     async def sse() -> AsyncIterator[bytes]:
         yield payload
 
-    return StreamingResponse(sse(), media_type="text/event-stream", headers=headers)
+    return StreamingResponse(sse(), media_type="text/event-stream", headers={"X-Session-Id": session_id})
 
 
 def _generate_body(served: Served, req: TokenGenerateRequest) -> dict[str, Any]:

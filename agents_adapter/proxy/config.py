@@ -160,6 +160,10 @@ class AdapterConfig(BaseModel):
     calls_cached_per_session: int = Field(
         default=16, ge=1, description="Served calls whose exact token ids a session keeps for token-in/token-out."
     )
+    responses_kept: int = Field(
+        default=100_000, ge=1, description="Responses (`/v1/responses`) kept in memory for `previous_response_id` "
+        "(LRU beyond, and forgotten after session_ttl_s idle); each keeps only the messages its request added.",
+    )
     max_prompt_tokens: int = Field(default=32_768, ge=1, description="Longest prompt accepted, in tokens.")
     max_context_tokens: int | None = Field(
         default=None, ge=2, description="Prompt + output limit (None: the model's max_position_embeddings)."

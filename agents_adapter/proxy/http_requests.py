@@ -71,7 +71,11 @@ def read_json(raw: bytes, max_depth: int) -> dict[str, Any]:
 
 def validate_body(raw: bytes, model: type[_M], max_depth: int, limits: BodyLimits) -> _M:
     """The body as `model`, after `read_json`; config-dependent field limits come in as the context."""
-    data = read_json(raw, max_depth)
+    return validate_fields(read_json(raw, max_depth), model, limits)
+
+
+def validate_fields(data: dict[str, Any], model: type[_M], limits: BodyLimits) -> _M:
+    """Fields as `model`, a failure as the 400 naming them: a body, or one translated from another API's."""
     try:
         return model.model_validate(data, context=limits)
     except ValidationError as e:
@@ -80,7 +84,12 @@ def validate_body(raw: bytes, model: type[_M], max_depth: int, limits: BodyLimit
 
 
 def _bearer(request: Request) -> str:
+    """The key: `Authorization: Bearer <key>`, or Anthropic's `x-api-key: <key>` when there is no
+    Authorization header (Anthropic clients send one or the other)."""
     header = request.headers.get("authorization", "")
+    api_key = request.headers.get("x-api-key", "").strip()
+    if not header and api_key:
+        return api_key
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise AuthenticationError(
