@@ -124,6 +124,7 @@ class EventConsumer:
         dlq: EventProducer | None = None,
         subscribe: bool = True,
         metrics: ServiceMetrics | None = None,
+        track_lag: bool = False,
         **overrides: Any,
     ) -> None:
         self.config = config
@@ -138,7 +139,8 @@ class EventConsumer:
         self._pending: dict[tuple[str, int], int] = {}
         self.dead_lettered = 0
         self._lag: dict[str, int] = {}
-        self._lag_read_at = 0.0 if metrics is not None else math.inf  # never read without metrics
+        # read only for metrics (`track_lag`: for an owner that exports it itself, as one consumer of several)
+        self._lag_read_at = 0.0 if metrics is not None or track_lag else math.inf
         if metrics is not None:  # lag and dead letters read at scrape time (bus.metrics)
             metrics.watch_consumer(group_id, self.lag, lambda: self.dead_lettered)
 

@@ -48,7 +48,7 @@ class RoutingFeed:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                consumer = EventConsumer(self.bus, self.group_id, TOPICS)
+                consumer = EventConsumer(self.bus, self.group_id, TOPICS, track_lag=True)
             except Exception as e:  # confluent-kafka raises its own types at construction
                 logger.warning("routing feed cannot connect: %s", e)
                 self._stop.wait(_RETRY_S)
