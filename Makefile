@@ -14,7 +14,7 @@ export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: help install jars test test-fast lint demo up down bench clean
+.PHONY: help install jars prometheus test test-fast lint demo up down bench clean
 
 help:
 	@echo "make demo   - run the main job (installs and starts what it needs, stops it after)"
@@ -38,12 +38,20 @@ $(JARS): infra/kafka/pom.xml
 
 jars: $(JARS)
 
+# Debian's Prometheus server, for tests/e2e/test_prometheus.py (which skips, saying why, without it).
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo -n)
+prometheus:
+	@command -v prometheus >/dev/null || { $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+	  --no-install-recommends prometheus >/dev/null 2>&1 || { $(SUDO) apt-get update -q >/dev/null 2>&1 && \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus \
+	  >/dev/null 2>&1; } || echo "prometheus not installed (needs apt and root): its test will skip"; }
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mypy schemas bus infra agents_adapter inference_svc scheduler_svc trainer_svc examples
 
-test: $(STAMP) $(JARS)
+test: $(STAMP) $(JARS) prometheus
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -m "not gpu" tests

@@ -8,11 +8,13 @@ finished; it never skips one.
 from __future__ import annotations
 
 import logging
+import math
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
 
@@ -24,7 +26,11 @@ from bus.producer import EventProducer
 from schemas.errors import SchemaError
 from schemas.events import Event, decode_event
 
+if TYPE_CHECKING:
+    from bus.metrics import ServiceMetrics
+
 log = logging.getLogger("sflow.bus")
+_LAG_EVERY_S = 1.0  # how often a consumer with metrics reads its lag (after a poll)
 
 
 @dataclass(frozen=True)
@@ -117,6 +123,8 @@ class EventConsumer:
         *,
         dlq: EventProducer | None = None,
         subscribe: bool = True,
+        metrics: ServiceMetrics | None = None,
+        track_lag: bool = False,
         **overrides: Any,
     ) -> None:
         self.config = config
@@ -130,6 +138,11 @@ class EventConsumer:
             self._consumer.subscribe(self.topics)
         self._pending: dict[tuple[str, int], int] = {}
         self.dead_lettered = 0
+        self._lag: dict[str, int] = {}
+        # read only for metrics (`track_lag`: for an owner that exports it itself, as one consumer of several)
+        self._lag_read_at = 0.0 if metrics is not None or track_lag else math.inf
+        if metrics is not None:  # lag and dead letters read at scrape time (bus.metrics)
+            metrics.watch_consumer(group_id, self.lag, lambda: self.dead_lettered)
 
     def _dead_letter(
         self, topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None, reason: str
@@ -146,6 +159,8 @@ class EventConsumer:
         """Decoded events in partition order; undecodable ones are dead-lettered and marked done."""
         try:
             messages = fetch_ready(self._consumer, max_messages, timeout_s)
+            if time.monotonic() - self._lag_read_at >= _LAG_EVERY_S:
+                self._lag, self._lag_read_at = self._read_lag(), time.monotonic()
         except KafkaException as e:
             raise ConsumeError(str(e)) from e
         out: list[Received] = []
@@ -235,6 +250,22 @@ class EventConsumer:
                 self.commit()
             if not batch and on_idle is not None:
                 on_idle()
+
+    def lag(self) -> dict[str, int]:
+        """Messages not read yet on the assigned partitions, per topic (without the prefix), as of the last
+        poll (at most `_LAG_EVERY_S` old). Read in the polling thread, never from the scrape's: the
+        client is not called from two threads at once."""
+        return dict(self._lag)
+
+    def _read_lag(self) -> dict[str, int]:
+        """From the client's cached high watermarks (the last fetch's): it asks the broker nothing."""
+        out: dict[str, int] = {}
+        for tp in self._consumer.position(self._consumer.assignment()):
+            _, high = self._consumer.get_watermark_offsets(tp, cached=True)
+            known = tp.offset >= 0 and high >= 0  # neither is known before the partition's first fetch
+            topic = tp.topic.removeprefix(self.config.topic_prefix)
+            out[topic] = out.get(topic, 0) + (max(0, high - tp.offset) if known else 0)
+        return out
 
     def assigned(self) -> bool:
         """Whether the group gave this consumer its partitions yet."""

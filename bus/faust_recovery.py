@@ -229,6 +229,22 @@ class InputGuard:
             await self._seek_to_hole(tp, next_offset)
             self._progress[(tp.topic, tp.partition)] = (next_offset, now)
 
+    def lag(self) -> dict[str, int]:
+        """Messages not processed yet per guarded topic (without the prefix), for `bus.metrics`: the
+        client's local highwater minus the next offset to process. Read from the metrics thread, so it
+        uses local values only (no broker call, no await)."""
+        consumer, out = self.app.consumer, dict[str, int]()
+        for tp in sorted(consumer.assignment()):
+            if tp.topic not in self.topics:
+                continue
+            high = consumer.highwater(tp)
+            start = self._start.get(tp, high)
+            next_offset = self._progress.get((tp.topic, tp.partition), (start, 0.0))[0]
+            topic = tp.topic.removeprefix(self.bus.topic_prefix)
+            known = high is not None and next_offset is not None
+            out[topic] = out.get(topic, 0) + (max(0, high - next_offset) if known else 0)
+        return out
+
     async def _reread_held(self, tps: list[Any], now: float) -> None:
         """A partition whose next offset stays unacknowledged behind acknowledged ones (a dropped input,
         `committable_offset`) for `stall_timeout_s` is sought back to that offset."""

@@ -31,15 +31,18 @@ import threading
 import types
 import typing
 from collections.abc import Callable, Collection, Iterable, Mapping
-from typing import Any, ClassVar, TypeVar
+from typing import Annotated, Any, ClassVar, TypeVar
 
-from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from pydantic.fields import FieldInfo
 
 from bus.config import BusConfig
 from bus.errors import BusError
 
 T = TypeVar("T")
+# The metrics port of a process without HTTP (1..65535; None: no metrics) and the address it listens on.
+MetricsPort = Annotated[int | None, Field(ge=1, le=65535)]
+MetricsHost = Annotated[str, Field(min_length=1)]
 NONE_WORDS = ("none", "")
 BUS_FLAGS = ("bootstrap_servers", "topic_prefix")
 

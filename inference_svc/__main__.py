@@ -21,6 +21,7 @@ from bus.log import configure_logging
 from inference_svc.config import InferenceConfig
 
 if TYPE_CHECKING:
+    from bus.metrics import ServiceMetrics
     from inference_svc.bus_shell import InferenceBusShell
     from inference_svc.engine import NativeEngine
 
@@ -52,7 +53,7 @@ def main(argv: list[str] | None = None) -> None:
 
     engine = NativeEngine.from_config(config)
     app = create_app(config, engine=engine)
-    shell = _join_bus(config, engine) if config.join_bus else None
+    shell = _join_bus(config, engine, app.state.metrics) if config.join_bus else None
     try:
         uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level)
     finally:
@@ -63,7 +64,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"inference {config.resource_id}: {shell.failure}")
 
 
-def _join_bus(config: InferenceConfig, engine: NativeEngine) -> InferenceBusShell:
+def _join_bus(config: InferenceConfig, engine: NativeEngine, metrics: ServiceMetrics) -> InferenceBusShell:
     """Starts the bus shell (registration, heartbeats, control) for a native engine."""
     from bus.config import BusConfig
     from inference_svc.bus_shell import InferenceBusShell
@@ -81,6 +82,7 @@ def _join_bus(config: InferenceConfig, engine: NativeEngine) -> InferenceBusShel
         capabilities=config.capabilities,
         heartbeat_s=config.heartbeat_interval_s,
         on_failure=lambda _reason: os.kill(os.getpid(), signal.SIGTERM),  # uvicorn shuts down, main exits 1
+        metrics=metrics,
     )
     shell.start()
     return shell

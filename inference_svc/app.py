@@ -2,8 +2,9 @@
 
 The routes live in `routes/` by concern: `generation` (/generate), `control` (pause, continue, abort,
 weight loads, cache flush; behind the control key when one is configured) and `info` (weight version,
-model info, engine stats, health). `http_errors` holds the one error mapping and the body guard that
-refuses hostile bodies before any route sees them.
+model info, engine stats, health). `GET /metrics` serves the `sflow_inference_*` Prometheus series
+(`bus.metrics`), and the control consumer's lag once the service joined the bus. `http_errors` holds
+the one error mapping and the body guard that refuses hostile bodies before any route sees them.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from bus.metrics import ServiceMetrics, add_metrics_route
 from inference_svc.config import InferenceConfig
 from inference_svc.engine import NativeEngine
 from inference_svc.http_errors import BodyGuard, error_response
@@ -49,7 +51,22 @@ def create_app(config: InferenceConfig, engine: NativeEngine | None = None) -> F
     app.include_router(generation_router(served, tokenizer))
     app.include_router(control_router(served), dependencies=control)
     app.include_router(info_router(served, config, has_tokenizer=tokenizer is not None))
+    app.state.metrics = ServiceMetrics("inference")
+    _export(served, app.state.metrics)
+    add_metrics_route(app, app.state.metrics)
     return app
+
+
+def _export(engine: NativeEngine, metrics: ServiceMetrics) -> None:
+    """The engine's series (bus.metrics.CATALOG), all read from its counters when Prometheus scrapes."""
+    rid = engine.resource_id
+    metrics.read("sflow_inference_generated_tokens_total",
+                 lambda: {(rid, str(v)): n for v, n in engine.tokens_by_version().items()})
+    metrics.read("sflow_inference_requests", lambda: {(rid, "running"): engine.stats().running,
+                                                      (rid, "queued"): engine.stats().queued})
+    metrics.read("sflow_inference_requests_finished_total", lambda: {(rid,): engine.stats().requests_finished})
+    metrics.read("sflow_inference_weight_version", lambda: {(rid,): engine.weight_version})
+    metrics.read("sflow_inference_paused", lambda: {(rid,): int(engine.paused)})
 
 
 def _stops(engine: NativeEngine) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:

@@ -24,6 +24,7 @@ from typing import Any
 
 from bus.config import BusConfig
 from bus.consumer import EventConsumer, Received
+from bus.metrics import ServiceMetrics
 from bus.producer import EventProducer
 from bus.replay import replay
 from inference_svc.controller import InferenceController, ResourceDescription
@@ -55,6 +56,7 @@ class InferenceBusShell:
         capabilities: Sequence[str] = ("rollout",),
         heartbeat_s: float = 2.0,
         on_failure: Callable[[str], None] | None = None,
+        metrics: ServiceMetrics | None = None,
     ) -> None:
         self.bus = bus
         self.controller = controller
@@ -69,6 +71,7 @@ class InferenceBusShell:
         self._threads: list[threading.Thread] = []
         self._consumer: EventConsumer | None = None
         self.on_failure = on_failure
+        self.metrics = metrics
         self.failure: str | None = None  # why the shell stopped obeying control (then no more heartbeats)
 
     # --- start-up ---------------------------------------------------------------------------
@@ -92,7 +95,8 @@ class InferenceBusShell:
     def start(self) -> None:
         self.catch_up_weights()
         latest: dict[str, Any] = {"auto.offset.reset": "latest"}
-        consumer = EventConsumer(self.bus, f"infer-{self.rid}-{uuid.uuid4().hex[:8]}", ["control"], **latest)
+        consumer = EventConsumer(self.bus, f"infer-{self.rid}-{uuid.uuid4().hex[:8]}", ["control"],
+                                 metrics=self.metrics, **latest)
         deadline = time.monotonic() + 30
         while not consumer.assigned() and time.monotonic() < deadline:
             consumer.poll(0.2)  # join the group so commands sent after registration are seen

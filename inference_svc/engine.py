@@ -111,6 +111,7 @@ class NativeEngine(EngineControl):
         self._closed = False
         self._inbox = Inbox()
         self._tokens_generated = 0
+        self._tokens_by_version: dict[int, int] = {}  # written by the loop only; dict() copies it atomically
         self._thread = threading.Thread(target=self._loop, name=f"engine-{resource_id}", daemon=True)
         self._started = False
 
@@ -305,6 +306,10 @@ class NativeEngine(EngineControl):
         """Partial results of every running and queued request, taken at a token boundary."""
         return self._call(lambda: [s.result(None, self._version) for s in self._batch.all()])
 
+    def tokens_by_version(self) -> dict[int, int]:
+        """Tokens sampled under each policy version (what a token/s per version is the rate of)."""
+        return dict(self._tokens_by_version)
+
     def stats(self) -> EngineStats:
         return EngineStats(
             running=len(self._batch.running),
@@ -385,6 +390,7 @@ class NativeEngine(EngineControl):
                 self._batch.resolve(seq, FinishReason("length", length=len(seq.out_ids)), version)
             elif seq.listener is not None:
                 self._notify(seq)
+        self._tokens_by_version[version] = self._tokens_by_version.get(version, 0) + len(group)
 
     def _notify(self, seq: RequestState) -> None:
         assert seq.listener is not None

@@ -19,7 +19,7 @@ import signal
 import socket
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,8 +34,10 @@ from infra.errors import InfraError
 from infra.kafka.cluster import REPO_ROOT, KafkaCluster
 from infra.launcher import Launcher, ServiceSpec
 from infra.monitor import RunMonitor, RunState
+from infra.prometheus import write_scrape_config
 from infra.run_config import RunConfig
 from infra.run_inputs import RunPaths, prepare_model, write_tasks
+from infra.scalars import ScalarWriter
 
 log = logging.getLogger("sflow.demo")
 console = Console()
@@ -90,7 +92,8 @@ def _inference_specs(config: RunConfig, paths: RunPaths, env: dict[str, str]) ->
         for cap in r.capabilities:
             args += ["--capability", cap]
         specs[r.id] = ServiceSpec(f"infer-{r.id}", "inference_svc", tuple(args), env, cpus=cpus,
-                                  health_url=f"http://127.0.0.1:{port}/health")
+                                  health_url=f"http://127.0.0.1:{port}/health",
+                                  metrics_url=f"http://127.0.0.1:{port}/metrics")
     return specs
 
 
@@ -105,10 +108,17 @@ def _trainer_spec(config: RunConfig, paths: RunPaths, env: dict[str, str],
                     "--set", f"algorithm.aggregation={config.trainer.aggregation}"]
     for rid in train_ids:
         trainer_args += ["--resource-id", rid]
-    return ServiceSpec("trainer", "trainer_svc", tuple(trainer_args),
+    metrics_args, metrics_url = _metrics_port()
+    return ServiceSpec("trainer", "trainer_svc", (*trainer_args, *metrics_args),
                        {**env, "DS_ACCELERATOR": "cpu",
                         "TORCH_EXTENSIONS_DIR": str(REPO_ROOT / ".cache" / "torch_extensions")},
-                       cpus=train_cpus or None)
+                       cpus=train_cpus or None, metrics_url=metrics_url)
+
+
+def _metrics_port() -> tuple[tuple[str, ...], str]:
+    """The flags and scrape url of a metrics port for a service without HTTP of its own."""
+    port = free_port()
+    return ("--metrics-port", str(port)), f"http://127.0.0.1:{port}/metrics"
 
 
 def _adapter_spec(paths: RunPaths, env: dict[str, str], inference: dict[str, ServiceSpec], port: int,
@@ -123,7 +133,7 @@ def _adapter_spec(paths: RunPaths, env: dict[str, str], inference: dict[str, Ser
     return ServiceSpec("adapter", "agents_adapter.proxy", tuple(adapter_args),
                        {**env, "SFLOW_ADAPTER_API_KEYS": f"demo-agent={api_key}",
                         "SFLOW_ADAPTER_ADMIN_KEY": admin_key},
-                       health_url=f"http://127.0.0.1:{port}/health")
+                       health_url=f"http://127.0.0.1:{port}/health", metrics_url=f"http://127.0.0.1:{port}/metrics")
 
 
 def _rollout_spec(config: RunConfig, env: dict[str, str], adapter_port: int, api_key: str) -> ServiceSpec:
@@ -149,6 +159,7 @@ def service_specs(
     }
     sched = config.scheduler
     inference = _inference_specs(config, paths, env)
+    (processor_flags, processor_url), (scheduler_flags, scheduler_url) = _metrics_port(), _metrics_port()
     specs = [
         # A consumer group of its own per run: the sink's static membership would otherwise get back
         # the previous run's assignment (its topics) and never see this run's events.
@@ -156,7 +167,7 @@ def service_specs(
                                                      "--group-id", f"sflow-analytics.{paths.root.name}"), env),
         ServiceSpec("trajectories", "agents_adapter.processor",
                     ("--data-dir", str(paths.root / "faust"), "--group-size", str(sched.samples_per_task),
-                     "--tick-interval-s", "1"), env),
+                     "--tick-interval-s", "1", *processor_flags), env, metrics_url=processor_url),
         *inference.values(),
     ]
     specs.append(ServiceSpec("scheduler", "scheduler_svc", (
@@ -164,7 +175,7 @@ def service_specs(
         "--train-batch-groups", str(sched.train_batch_groups), "--samples-per-task", str(sched.samples_per_task),
         "--max-staleness", str(sched.max_staleness), "--run-id", config.name, "--model", MODEL_NAME,
         "--initial-weights-uri", f"file://{paths.model}", "--state-file", str(paths.root / "scheduler-state.json"),
-        "--instance-id", "scheduler-0"), env))
+        "--instance-id", "scheduler-0", *scheduler_flags), env, metrics_url=scheduler_url))
     adapter_port = free_port()
     specs += [_trainer_spec(config, paths, env, inference),
               _adapter_spec(paths, env, inference, adapter_port, api_key, admin_key),
@@ -187,9 +198,11 @@ def run(
     runs_root: Path | None = None,
     cluster: KafkaCluster | None = None,
     faults: Sequence[Fault] = (),
+    on_started: Callable[[Path], None] | None = None,
 ) -> RunResult:
     """Runs one job end to end. Kafka: `cluster` if given (left running), else the local stack's
-    (started and stopped here unless it was already up)."""
+    (started and stopped here unless it was already up). `on_started(run folder)` runs once every
+    service is up, while the job runs (the folder has `prometheus.yml`, the run's scrape config)."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
     paths = RunPaths((runs_root or REPO_ROOT / "runs") / f"{config.name}-{stamp}")
     paths.root.mkdir(parents=True, exist_ok=True)
@@ -207,12 +220,17 @@ def run(
         prepare_model(config, paths)
         write_tasks(config, paths)
         api_key, admin_key = secrets.token_urlsafe(16), secrets.token_urlsafe(16)
-        monitor = RunMonitor(bus, config.name)
+        scalars = ScalarWriter(paths.root / "tensorboard", paths.root.name, config.run.wandb_project
+                               ) if config.run.tensorboard else None
+        monitor = RunMonitor(bus, config.name, scalars)
         monitor.start()
         specs = service_specs(config, paths, bus, api_key, admin_key)
+        write_scrape_config(paths.root / "prometheus.yml", specs)
         for spec in specs:
             with console.status(f"starting {spec.name}"):
                 launcher.start(spec)
+        if on_started is not None:
+            on_started(paths.root)
         follow(config, monitor, launcher, cluster, faults)
         launcher.stop("rollout-workers")
         adapter_stats = _adapter_stats(specs, admin_key)

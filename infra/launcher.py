@@ -32,6 +32,7 @@ class ServiceSpec:
     name: unique within a run (e.g. "infer-r0"). module: run as `python -m module`.
     cpus: cores the process may use (None: all). threads: torch/BLAS threads.
     health_url: polled until it answers 200 (None: started means ready).
+    metrics_url: where Prometheus scrapes its `bus.metrics` series (None: it exports none).
     """
 
     name: str
@@ -41,6 +42,7 @@ class ServiceSpec:
     cpus: Sequence[int] | None = None
     threads: int = 1
     health_url: str | None = None
+    metrics_url: str | None = None
 
 
 class Launcher:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from bus.config import BusConfig
 from bus.consumer import EventConsumer, Received, unique_group
+from infra.scalars import ScalarWriter
 from schemas import events as ev
 
 TOPICS = ("llm.calls", "trajectories", "train", "weights", "scheduler")
@@ -181,8 +182,9 @@ class RunState:
 class RunMonitor:
     """A background consumer keeping a `RunState` up to date."""
 
-    def __init__(self, bus: BusConfig, run_id: str) -> None:
+    def __init__(self, bus: BusConfig, run_id: str, scalars: ScalarWriter | None = None) -> None:
         self.state = RunState()
+        self.scalars = scalars  # the train metrics as TensorBoard scalars, written as their events arrive
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._consumer = EventConsumer(bus, unique_group(f"monitor-{run_id}"), TOPICS)
@@ -199,6 +201,8 @@ class RunMonitor:
     def _apply(self, r: Received) -> None:
         with self._lock:
             self.state.apply(r.event)
+        if self.scalars is not None:
+            self.scalars.write(r.event)
 
     def _note_events(self, batch: list[Received]) -> None:
         if batch:
@@ -231,3 +235,5 @@ class RunMonitor:
         self._stop.set()
         self._thread.join(timeout=5)
         self._consumer.close(commit=False)
+        if self.scalars is not None:
+            self.scalars.close()

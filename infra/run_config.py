@@ -77,6 +77,10 @@ class RunSection(_Strict):
     max_restarts: int = Field(default=3, ge=0, description=(
         "A service that exits is restarted (each restarts from its own durable state, as after a kill), at most"
         " this many times per service; past that the run stops with an error."))
+    tensorboard: bool = Field(default=True, description=(
+        "Write the train metrics as TensorBoard event files under runs/<run>/tensorboard (infra/scalars.py)."))
+    wandb_project: str | None = Field(default=None, min_length=1, description=(
+        "Also log them to this W&B project when `wandb` is installed (None: no W&B)."))
 
 
 class RunConfig(_Strict):

@@ -10,7 +10,7 @@ Two kinds of fields:
   restart with different values is refused, because the journal of a run only rebuilds the same
   state under the same rules (start a new `run_id` to change them). `sflow replay scheduler` rebuilds
   a run from these recorded values alone.
-* operational fields (bus, instance id, tick and snapshot intervals, state file, log level) may
+* operational fields (bus, instance id, tick and snapshot intervals, state file, log level, metrics) may
   change between restarts.
 """
 
@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from bus.config import BusConfig
 from bus.errors import BusError
-from bus.kit import describe_errors
+from bus.kit import MetricsHost, MetricsPort, describe_errors
 from scheduler_svc.errors import ConfigError
 from scheduler_svc.policies import PLACEMENTS, TagPolicy, colocated, disaggregated, spatiotemporal
 from scheduler_svc.settings import SchedulerSettings
@@ -159,6 +159,10 @@ class SchedulerServiceConfig(BaseModel):
         default=None, description="Write the state JSON here whenever a checkpoint records it (None: never)."
     )
     log_level: Literal["debug", "info", "warning", "error"] = Field(default="info", description="Log level.")
+    metrics_port: MetricsPort = Field(
+        default=None, description="Serve the Prometheus series (bus.metrics) on this port (None: no metrics)."
+    )
+    metrics_host: MetricsHost = Field(default="127.0.0.1", description="Address the metrics port listens on.")
 
     @field_validator("run_id")
     @classmethod

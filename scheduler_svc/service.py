@@ -63,12 +63,14 @@ from typing import Any
 
 from bus.config import BusConfig
 from bus.consumer import EventConsumer, Received
+from bus.metrics import ServiceMetrics
 from bus.producer import EventProducer
 from bus.replay import ReplayRange, replay
 from bus.topics import topic_of
 from scheduler_svc.config import SchedulerServiceConfig
 from scheduler_svc.errors import ReplayError, SchedulerError
 from scheduler_svc.journal import Source, Step
+from scheduler_svc.metrics import SyncPauses, export
 from scheduler_svc.rebuild import CheckpointCheck, diff_states, load_tasks, new_scheduler, rebuild
 from scheduler_svc.tasks import Task
 from schemas import events as ev
@@ -132,6 +134,9 @@ class SchedulerService:
         self._state_written_at = -math.inf
         self.batches = 0
         self.republished = 0
+        self.metrics = ServiceMetrics("scheduler")
+        export(self.metrics, lambda: self.scheduler)
+        self.sync_pauses = SyncPauses(self.metrics)
 
     # ---------------------------------------------------------------------------------- start-up
 
@@ -172,10 +177,19 @@ class SchedulerService:
     # ---------------------------------------------------------------------------------- loop
 
     def run(self, stop: threading.Event) -> None:
+        config = self.config
+        server = None if config.metrics_port is None else self.metrics.serve(config.metrics_host, config.metrics_port)
+        try:
+            self._run(stop)
+        finally:
+            if server is not None:
+                server.close()
+
+    def _run(self, stop: threading.Event) -> None:
         self.start()
         membership: dict[str, Any] = {"group.instance.id": self.config.instance_id, "session.timeout.ms": 10_000}
         consumer = EventConsumer(self.config.bus, consumer_group(self.config), INPUT_TOPICS, dlq=self.producer,
-                                 **membership)
+                                 metrics=self.metrics, **membership)
         log.info("scheduler consuming", extra={"service": "scheduler", "run": self.config.run_id,
                                                 "topics": ",".join(INPUT_TOPICS)})
         tick = self.config.tick_interval_s
@@ -245,6 +259,7 @@ class SchedulerService:
             for e in step.events:
                 self.producer.publish(e)
         self.producer.flush()
+        self.sync_pauses.saw(e for step in steps for e in step.events)
         self._checkpoint()
         self.batches += 1
 

@@ -17,7 +17,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 
 from bus.config import BusConfig
-from bus.kit import ConfigModel
+from bus.kit import ConfigModel, MetricsHost, MetricsPort
 from trainer_svc.errors import ConfigError
 
 Precision = Literal["fp32", "bf16"]
@@ -256,6 +256,10 @@ class ServiceConfig(_Section):
     restart will re-read, so a late duplicate (an at-least-once re-publish) is still recognised."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     """Log level of the process."""
+    metrics_port: MetricsPort = None
+    """Serve the Prometheus series (`bus.metrics`: step time, loss, reward, ...) on this port (None: no metrics)."""
+    metrics_host: MetricsHost = "127.0.0.1"
+    """Address the metrics port listens on."""
     engine: EngineConfig = Field(default_factory=EngineConfig)
     """DeepSpeed, precision, batching, optimizer."""
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)

@@ -72,6 +72,7 @@ from trainer_svc.buffer import PendingStep, Position
 from trainer_svc.config import ServiceConfig
 from trainer_svc.errors import BatchError, CheckpointError, NonFiniteError, TrainerError
 from trainer_svc.ledger import Ledger
+from trainer_svc.metrics import TrainerMetrics
 from trainer_svc.planner import Intake
 from trainer_svc.step_events import StepOrigin, completed_event, skipped_event, started_event, step_event_id
 from trainer_svc.step_result import StepResult
@@ -103,6 +104,7 @@ class TrainerService:
         self.producer: EventProducer | None = None
         self.consumer: EventConsumer | None = None
         self.steps_run = 0
+        self.metrics = TrainerMetrics(lambda: self.ledger, lambda: self.trainer.version if self.trainer else 0)
 
     @property
     def topics(self) -> tuple[str, ...]:
@@ -150,8 +152,8 @@ class TrainerService:
         if latest is not None:
             self._republish_last_step(latest)
         self.consumer = EventConsumer(
-            config.bus, f"trainer.{config.run_id}", self.topics, dlq=self.producer, subscribe=False
-        )
+            config.bus, f"trainer.{config.run_id}", self.topics, dlq=self.producer, subscribe=False,
+            metrics=self.metrics.registry)
         self._assign_inputs()
 
     def _assign_inputs(self) -> None:
@@ -192,14 +194,18 @@ class TrainerService:
 
     def run(self, stop: threading.Event) -> None:
         """Consume and train until `stop` is set; a step in progress finishes first."""
-        self.start()
+        port = self.config.metrics_port  # served from the start: loading the model takes a while
+        server = None if port is None else self.metrics.registry.serve(self.config.metrics_host, port)
         try:
+            self.start()
             # Offsets live in the checkpoint (the ledger), so the loop commits none; a handler error stops
             # the service (the restart re-reads from the checkpoint).
             self._consumer.run(self.handle, stop, self.config.poll_timeout_s,
                                on_batch=lambda _batch: self.maybe_train(), on_error="raise", commit=False)
         finally:
             self.close()
+            if server is not None:
+                server.close()
 
     def close(self) -> None:
         if self.consumer is not None:
@@ -320,6 +326,7 @@ class TrainerService:
             self._skip_step(origin, step, plan.untrained_if_skipped, str(e), (time.perf_counter() - started) * 1e3)
             return None
         ledger.finish(plan.trained + plan.missing, result.step)
+        self.metrics.completed(result, time.perf_counter() - started)
         directory = self._checkpoint_and_publish(origin, result)
         self.steps_run += 1
         self._log("step done", step=result.step, version=result.new_version, loss=f"{result.loss:.4f}",
@@ -348,6 +355,7 @@ class TrainerService:
         """Reports a step that trained nothing (see the module docstring): the scheduler re-plans it."""
         event = skipped_event(origin, step, self._trainer.version, group_ids, reason, duration_ms)
         self._producer.publish_sync(event)
+        self.metrics.skipped(duration_ms / 1000)
         self._log("step skipped: nothing trainable, the scheduler plans it again", logging.WARNING, step=step,
                   assignment=origin.correlation_id, groups=",".join(event.dropped_group_ids), reason=reason)
 

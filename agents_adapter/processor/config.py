@@ -18,7 +18,16 @@ from agents_adapter.errors import ConfigError
 from agents_adapter.processor.assembler import AssemblerConfig
 from bus.config import BusConfig
 from bus.errors import BusError
-from bus.kit import ConfigModel, add_bus_flags, add_config_flags, build_or_exit, config_values, pop_bus_settings
+from bus.kit import (
+    ConfigModel,
+    MetricsHost,
+    MetricsPort,
+    add_bus_flags,
+    add_config_flags,
+    build_or_exit,
+    config_values,
+    pop_bus_settings,
+)
 from bus.topics import spec
 
 LEVELS: Final = ("debug", "info", "warning", "error", "critical")
@@ -70,6 +79,11 @@ class ProcessorConfig(ConfigModel):
     Faust's "exactly_once" is refused)."""
     log_level: str = "warning"
     """The worker's log level (debug, info, warning, error, critical)."""
+    metrics_port: MetricsPort = None
+    """Serve the Prometheus series (`bus.metrics`: trajectories, batches, consumer lag, dead letters) on this
+    port (None: no metrics)."""
+    metrics_host: MetricsHost = "127.0.0.1"
+    """Address the metrics port listens on."""
 
     @field_validator("app_id")
     @classmethod

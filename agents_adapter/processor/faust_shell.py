@@ -69,6 +69,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any, Final
@@ -84,6 +85,7 @@ from bus.errors import BusError
 from bus.faust_app import CODEC, create_faust_app, typed_events
 from bus.faust_liveness import exit_when_broker_lost
 from bus.faust_recovery import BufferHandoff, InputGuard, drop_local_tables
+from bus.metrics import ServiceMetrics
 from bus.producer import EventProducer
 from bus.retry import Backoff, retry_async
 from bus.topics import TopicSpec, spec
@@ -126,6 +128,12 @@ class TrajectoryProcessor:
         sought = (self.calls_topic_name, bus.topic("sessions"), bus.topic(config.groups_topic), bus.topic("tasks"))
         self.guard = InputGuard(self.app, bus, self.group_id, sought, config.stall_timeout_s)
         self._dlq: EventProducer | None = None
+        self.published: Counter[str] = Counter()  # Trajectory / BatchReady events Kafka acknowledged
+        self.dead_lettered = 0
+        self.metrics = ServiceMetrics("processor")
+        self.metrics.read("sflow_processor_trajectories_total", lambda: self.published["Trajectory"])
+        self.metrics.read("sflow_processor_batches_ready_total", lambda: self.published["BatchReady"])
+        self.metrics.watch_consumer(self.group_id, self.guard.lag, lambda: self.dead_lettered)
         self._define()
 
     # --- wiring ---
@@ -268,6 +276,7 @@ class TrajectoryProcessor:
             await pending
         except Exception as e:
             await self._fail(f"publishing {output.event_type} {output.correlation_id}", e)
+        self.published[output.event_type] += 1
 
     async def _send_group_record(self, record: GroupRecord) -> None:
         try:
@@ -302,6 +311,7 @@ class TrajectoryProcessor:
         letter = dead_letter(message.topic, message.partition, message.offset, key=message.key, value=message.value,
                              reason=reason, consumer_group=self.group_id, producer=self.config.producer)
         await self.dlq.publish_async(letter, topic=self.bus.topic("dlq"))
+        self.dead_lettered += 1
         log.warning("dead-lettered %s[%d]@%d: %s", message.topic, message.partition, message.offset, reason,
                     extra=_LOG)
 
@@ -318,5 +328,7 @@ def worker(config: ProcessorConfig) -> None:
     exit_when_broker_lost(config.bus.bootstrap_servers, config.broker_lost_timeout_s)
     processor = TrajectoryProcessor(config)
     processor.prepare_topics()
+    if config.metrics_port is not None:  # a daemon thread: it ends with the worker's process
+        processor.metrics.serve(config.metrics_host, config.metrics_port)
     log.info("trajectory processor %s on %s", processor.group_id, config.bus.bootstrap_servers, extra=_LOG)
     faust.Worker(processor.app, loglevel=config.log_level, quiet=True).execute_from_commandline()

@@ -14,6 +14,7 @@ Endpoints (agent key = `Authorization: Bearer <key>`; admin key likewise):
   POST /v1/sessions/{id}/end           {reward?, status}: SessionEnded now, or later with /reward
   POST /v1/sessions/{id}/reward        {reward, status?}: the reward of a session ended without one
   GET  /admin/stats                    counters, drift per agent, sessions, routing table (admin key)
+  GET  /metrics                        Prometheus series `sflow_proxy_*` (bus.metrics; no key, like /health)
   POST /admin/drain                    stop taking calls, wait for those in flight (admin key)
 
 Sessions and the order of a request's checks: `http_requests`. Every failure becomes an OpenAI error
@@ -66,6 +67,7 @@ from agents_adapter.proxy.routing_feed import RoutingFeed
 from agents_adapter.proxy.service import AdapterService, CallContext, Served
 from agents_adapter.proxy.session_book import SessionBook
 from bus.http import http_error
+from bus.metrics import ServiceMetrics, add_metrics_route
 from bus.producer import EventProducer
 
 logger = logging.getLogger(__name__)
@@ -95,7 +97,9 @@ def create_app(config: AdapterConfig, *, codec: ChatCodec | None = None,
                producer: EventProducer | None = None) -> FastAPI:
     """Builds the proxy. The tokenizer and template are loaded (and probed) here; Kafka is reached
     lazily by the producer, and the routing feed starts with the app."""
-    service, feed = _build_service(config, codec, producer)
+    metrics = ServiceMetrics("proxy")
+    service, feed = _build_service(config, codec, producer, metrics)
+    _export(service, metrics)
     gate = RequestGate(config)
     app = FastAPI(title="SeamlessFlow agents adapter", lifespan=_lifespan(service, feed))
     app.state.service = service
@@ -111,12 +115,25 @@ def create_app(config: AdapterConfig, *, codec: ChatCodec | None = None,
     for router in (_call_routes(service, gate), _translated_routes(service, gate), _session_routes(service.book, gate),
                    _admin_routes(service, gate)):
         app.include_router(router)
+    add_metrics_route(app, metrics)
     app.openapi = _openapi_with_bodies(app)  # type: ignore[method-assign]
     return app
 
 
-def _build_service(config: AdapterConfig, codec: ChatCodec | None,
-                   producer: EventProducer | None) -> tuple[AdapterService, RoutingFeed | None]:
+def _export(service: AdapterService, metrics: ServiceMetrics) -> None:
+    """The proxy's series (bus.metrics.CATALOG): its own counters, read at scrape time, and the one
+    histogram observed per call."""
+    metrics.read("sflow_proxy_calls_served_total", lambda: service.calls_served)
+    metrics.read("sflow_proxy_events_recorded_total", lambda: service.recorder.recorded)
+    metrics.read("sflow_proxy_events_record_failed_total", lambda: service.recorder.failed)
+    metrics.read("sflow_proxy_requests_failed_total",
+                 lambda: {(code,): n for code, n in service.requests_failed.items()})
+    metrics.read("sflow_proxy_inflight_requests", lambda: service.book.inflight)
+    service.observe_added_latency = metrics.histogram("sflow_proxy_added_latency_seconds").observe
+
+
+def _build_service(config: AdapterConfig, codec: ChatCodec | None, producer: EventProducer | None,
+                   metrics: ServiceMetrics) -> tuple[AdapterService, RoutingFeed | None]:
     codec = codec or ChatCodec.from_model_dir(config.model_path)
     routing = RoutingTable(sticky=config.sticky_sessions, unreachable_cooldown_s=config.unreachable_cooldown_s)
     for endpoint in config.inference_endpoints:
@@ -131,7 +148,7 @@ def _build_service(config: AdapterConfig, codec: ChatCodec | None,
                             avoid_grace_s=config.avoid_grace_s, max_engine_errors=config.max_engine_errors_per_call,
                             greedy_below_temperature=config.greedy_below_temperature)
     service = AdapterService(config, codec, routing, dispatcher, recorder)
-    return service, RoutingFeed(config.bus, routing) if config.routing_from_events else None
+    return service, RoutingFeed(config.bus, routing, metrics=metrics) if config.routing_from_events else None
 
 
 def _lifespan(service: AdapterService,

@@ -15,6 +15,7 @@ from agents_adapter.proxy.routing import RoutingTable
 from bus.config import BusConfig
 from bus.consumer import EventConsumer, Received, unique_group
 from bus.errors import BusError
+from bus.metrics import ServiceMetrics
 
 logger = logging.getLogger(__name__)
 TOPICS: Final = ("resources", "scheduler", "control")
@@ -22,13 +23,18 @@ _RETRY_S: Final = 1.0
 
 
 class RoutingFeed:
-    def __init__(self, bus: BusConfig, table: RoutingTable, group_prefix: str = "agents-adapter-routing") -> None:
+    def __init__(self, bus: BusConfig, table: RoutingTable, group_prefix: str = "agents-adapter-routing",
+                 metrics: ServiceMetrics | None = None) -> None:
         self.bus = bus
         self.table = table
         self.group_id = unique_group(group_prefix)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="routing-feed", daemon=True)
         self.events_read = 0
+        self._consumer: EventConsumer | None = None  # the current one (a reconnect makes a new one)
+        if metrics is not None:
+            metrics.watch_consumer(self.group_id, lambda: self._consumer.lag() if self._consumer else {},
+                                   lambda: self._consumer.dead_lettered if self._consumer else 0)
 
     def start(self) -> RoutingFeed:
         self._thread.start()
@@ -42,14 +48,16 @@ class RoutingFeed:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                consumer = EventConsumer(self.bus, self.group_id, TOPICS)
+                consumer = EventConsumer(self.bus, self.group_id, TOPICS, track_lag=True)
             except Exception as e:  # confluent-kafka raises its own types at construction
                 logger.warning("routing feed cannot connect: %s", e)
                 self._stop.wait(_RETRY_S)
                 continue
+            self._consumer = consumer
             try:
                 self._follow(consumer)
             finally:
+                self._consumer = None
                 try:
                     consumer.close()
                 except BusError as e:

@@ -99,6 +99,8 @@ class AdapterService:
         self.drift_by_agent: Counter[str] = Counter()
         self.calls_by_agent: Counter[str] = Counter()
         self.requests_replayed = 0
+        # the proxy's own share of a call's latency (the app points it at a Prometheus histogram)
+        self.observe_added_latency: Callable[[float], None] = lambda _seconds: None
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.config.model_name:
@@ -198,12 +200,15 @@ class AdapterService:
                   ] if ctx.request_key else []
         if len(stored) == len(prompts):
             return await self._replay(ctx, state, prompts, stored, finish)
+        dispatched = time.monotonic()
         calls = await self._dispatch(ctx, prompts, budgets, sampling, n)
+        on_engines = time.monotonic() - dispatched
         replies = [finish(call_id, call) for call_id, call in calls]
         entries = [entry(i, p, r) for i, (p, r) in enumerate(zip(prompts, replies, strict=True))]
         await self._record(ctx, state, prompts, replies, model, entries)
         for prompt, reply, kept in zip(prompts, replies, entries, strict=True):
             self.tito.restore(state, kept, reply.call_id, prompt.ids, reply.call.output_ids)
+        self.observe_added_latency(time.monotonic() - ctx.started - on_engines)
         return list(prompts), replies
 
     async def _replay(self, ctx: CallContext, state: SessionState, prompts: Sequence[BuiltPrompt],

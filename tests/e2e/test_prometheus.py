@@ -1,0 +1,120 @@
+"""A real Prometheus server scrapes every service of a short job (`infra.demo.run`, the `make demo` path).
+
+Debian's `prometheus` binary is installed by `make test` (the Makefile's `prometheus` target); without
+it the test skips, saying so. The demo writes the run's scrape config (`prometheus.yml`); Prometheus
+runs on it (scraping every 2 s) while the job runs, and the test asks Prometheus' HTTP API which
+series it stored: each service's catalog series (`bus.metrics.CATALOG`) under that service's job, with
+the values the job produced (calls served, tokens per resource and version, trajectories, groups).
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from bus.metrics import CATALOG
+from infra.demo import run
+from infra.kafka.cluster import KafkaCluster
+from infra.prometheus import PrometheusServer, prometheus_binary, wait_for
+from infra.run_config import RunConfig
+
+pytestmark = [
+    pytest.mark.e2e, pytest.mark.kafka, pytest.mark.timeout(300),
+    pytest.mark.skipif(prometheus_binary() is None,
+                       reason="Debian's prometheus package is not installed (make test installs it: apt-get "
+                              "install prometheus, which needs root)"),
+]
+
+CONFIG = {
+    "name": "prom",
+    "model": {"warmup_tasks": 32, "warmup_steps": 10},
+    "tasks": {"count": 16},
+    "inference": {"max_running_requests": 8, "resources": [
+        {"id": "r0", "cpus": [0, 1], "capabilities": ["rollout", "train"]},
+    ]},
+    "scheduler": {"policy": "colocated", "train_resources": 1, "train_batch_groups": 1, "samples_per_task": 2,
+                  "max_staleness": 1},
+    "agent": {"concurrency": 4, "max_turns": 1, "max_tokens": 24},
+    # the job stops soon after Prometheus has scraped it (on_started returns then): a train step is not
+    # waited for, the CPU-only trainer's start-up alone takes minutes on a loaded 2-core machine
+    "run": {"max_steps": 1, "max_minutes": 0.1},
+}
+SERVICE_JOBS = {"proxy": "adapter", "inference": "infer-r0", "processor": "trajectories",
+                "scheduler": "scheduler", "trainer": "trainer"}
+# no series until a request fails / a step ends (the trainer's other series exist from its start)
+ON_EVENT_ONLY = {"sflow_proxy_requests_failed_total", "sflow_trainer_steps_total"}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _value(server: PrometheusServer, promql: str) -> float:
+    result = server.query(promql)
+    return float(result[0]["value"][1]) if result else 0.0
+
+
+def _stored(server: PrometheusServer) -> set[tuple[str, str]]:
+    """(series name, job) of every sflow_ series Prometheus holds now."""
+    return {(r["metric"]["__name__"], r["metric"]["job"])
+            for r in server.query('group by (__name__, job) ({__name__=~"sflow_.+"})')}
+
+
+def test_prometheus_scrapes_every_service_of_a_short_job(kafka_cluster: KafkaCluster, tmp_path: Path) -> None:
+    seen: dict[str, Any] = {}
+
+    def scrape_while_running(root: Path) -> None:
+        scrape = yaml.safe_load((root / "prometheus.yml").read_text())
+        assert {job["job_name"] for job in scrape["scrape_configs"]} == set(SERVICE_JOBS.values())
+        scrape["global"] = {"scrape_interval": "2s", "scrape_timeout": "2s"}
+        fast = tmp_path / "prometheus-2s.yml"
+        fast.write_text(yaml.safe_dump(scrape))
+        server = PrometheusServer(fast, tmp_path / "prometheus-data", _free_port())
+        try:
+            server.wait_ready()
+            wait_for(lambda: all(t["health"] == "up" for t in server.targets()) and len(server.targets()) == 5,
+                     60, "every service's target up")
+            # the job's own work, as Prometheus stored it: calls served, their trajectories, a ready group
+            wait_for(lambda: _value(server, "sflow_processor_trajectories_total") > 0
+                     and _value(server, 'sflow_scheduler_groups{state="ready"}') > 0, 120, "trajectories scraped")
+            seen["stored"] = _stored(server)
+            seen["calls"] = _value(server, "sflow_proxy_calls_served_total")
+            seen["tokens"] = server.query("sflow_inference_generated_tokens_total")
+            seen["trajectories"] = _value(server, "sflow_processor_trajectories_total")
+            seen["lag_topics"] = {(r["metric"]["job"], r["metric"]["topic"])
+                                  for r in server.query("sflow_consumer_lag_messages")}
+            seen["tags"] = {(r["metric"]["kind"], r["metric"]["tag"])
+                            for r in server.query('sflow_scheduler_resource_tag{resource="r0"}')}
+            seen["latency_count"] = _value(server, "sflow_proxy_added_latency_seconds_count")
+        finally:
+            server.stop()
+
+    result = run(RunConfig.model_validate(CONFIG), runs_root=tmp_path, cluster=kafka_cluster,
+                 on_started=scrape_while_running)
+
+    stored = seen["stored"]
+    for metric in CATALOG:
+        if metric.name in ON_EVENT_ONLY:
+            continue
+        name = metric.name + "_count" if metric.kind == "histogram" else metric.name
+        # every consumer's: the trainer's consumer exists only once its model and optimizer are loaded (minutes
+        # for DeepSpeed on a loaded 2-core machine), so its lag is not waited for here
+        jobs = [j for j in SERVICE_JOBS.values() if j != "trainer"] if metric.service == "every consumer" else [
+            SERVICE_JOBS[metric.service]]
+        missing = [job for job in jobs if (name, job) not in stored]
+        assert not missing, f"{name} not scraped from {missing}"
+    # the values are the job's: what the proxy served is on the bus, tokens carry resource and version
+    assert 0 < seen["calls"] <= result.adapter_stats["calls_served"]
+    assert seen["latency_count"] > 0
+    assert {r["metric"]["resource"] for r in seen["tokens"]} == {"r0"}
+    assert all(r["metric"]["version"].isdigit() and float(r["value"][1]) > 0 for r in seen["tokens"])
+    assert seen["trajectories"] > 0
+    assert {("scheduler", "trajectories"), ("trajectories", "llm.calls"),
+            ("infer-r0", "control"), ("adapter", "resources")} <= seen["lag_topics"]
+    assert ("capability", "rollout") in seen["tags"] and ("capability", "train") in seen["tags"]
