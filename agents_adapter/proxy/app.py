@@ -39,10 +39,7 @@ from typing import Any, TypeVar
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel
-from pydantic.json_schema import models_json_schema
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agents_adapter.errors import ProxyError
@@ -60,6 +57,7 @@ from agents_adapter.proxy.openai_models import (
     RewardRequest,
     TokenGenerateRequest,
 )
+from agents_adapter.proxy.openapi_doc import body_doc, openapi_with_bodies
 from agents_adapter.proxy.recording import Recorder
 from agents_adapter.proxy.responses_api import ResponsesApi, ResponsesRequest, response_body, response_events
 from agents_adapter.proxy.routing import RoutingTable
@@ -72,10 +70,6 @@ from bus.producer import EventProducer
 
 logger = logging.getLogger(__name__)
 _SWEEP_S = 30.0
-_BODIES: tuple[type[BaseModel], ...] = (
-    ChatCompletionRequest, CompletionRequest, TokenGenerateRequest, ResponsesRequest, MessagesRequest,
-    EndSessionRequest, RewardRequest, DrainRequest,
-)
 _Call = TypeVar("_Call", ChatCompletionRequest, CompletionRequest, TokenGenerateRequest, ResponsesRequest,
                 MessagesRequest)
 _Sampled = TypeVar("_Sampled", ChatCompletionRequest, CompletionRequest)
@@ -116,7 +110,7 @@ def create_app(config: AdapterConfig, *, codec: ChatCodec | None = None,
                    _admin_routes(service, gate)):
         app.include_router(router)
     add_metrics_route(app, metrics)
-    app.openapi = _openapi_with_bodies(app)  # type: ignore[method-assign]
+    app.openapi = openapi_with_bodies(app)  # type: ignore[method-assign]
     return app
 
 
@@ -227,17 +221,17 @@ def _call_routes(service: AdapterService, gate: RequestGate) -> APIRouter:
              "max_model_len": service.context_tokens},
         ]}
 
-    @router.post("/v1/chat/completions", response_model=None, openapi_extra=_schema(ChatCompletionRequest))
+    @router.post("/v1/chat/completions", response_model=None, openapi_extra=body_doc(ChatCompletionRequest))
     async def chat_completions(request: Request) -> Response:
         req, call = await served(request, ChatCompletionRequest, service.chat)
         return _respond(call, req, outputs.chat_chunks, outputs.chat_completion)
 
-    @router.post("/v1/completions", response_model=None, openapi_extra=_schema(CompletionRequest))
+    @router.post("/v1/completions", response_model=None, openapi_extra=body_doc(CompletionRequest))
     async def completions(request: Request) -> Response:
         req, call = await served(request, CompletionRequest, service.complete)
         return _respond(call, req, outputs.text_chunks, outputs.text_completion)
 
-    @router.post("/v1/generate", response_model=None, openapi_extra=_schema(TokenGenerateRequest))
+    @router.post("/v1/generate", response_model=None, openapi_extra=body_doc(TokenGenerateRequest))
     async def generate(request: Request) -> Response:
         req, call = await served(request, TokenGenerateRequest, service.generate)
         return JSONResponse(_generate_body(call, req), headers={"X-Session-Id": call.session_id})
@@ -257,12 +251,12 @@ def _translated_routes(service: AdapterService, gate: RequestGate) -> APIRouter:
             return JSONResponse(body, headers={"X-Session-Id": session_id})
         return _event_stream(events(body), session_id)
 
-    @router.post("/v1/responses", response_model=None, openapi_extra=_schema(ResponsesRequest))
+    @router.post("/v1/responses", response_model=None, openapi_extra=body_doc(ResponsesRequest))
     async def responses(request: Request) -> Response:
         req, call = await served(request, ResponsesRequest, responses_api.serve, responses_api.session_hints)
         return answer(response_body(req, call), response_events, req.stream, call.session_id)
 
-    @router.post("/v1/messages", response_model=None, openapi_extra=_schema(MessagesRequest))
+    @router.post("/v1/messages", response_model=None, openapi_extra=body_doc(MessagesRequest))
     async def messages(request: Request) -> Response:
         req, call = await served(request, MessagesRequest, messages_api.serve, messages_api.session_hints)
         return answer(message_body(service.codec, req, call), message_events, req.stream, call.session_id)
@@ -277,7 +271,7 @@ def _session_routes(book: SessionBook, gate: RequestGate) -> APIRouter:
     async def session_info(session_id: str, request: Request) -> dict[str, Any]:
         return book.session_info(gate.agent_of(request), session_id)
 
-    @router.post("/v1/sessions/{session_id}/end", response_model=None, openapi_extra=_schema(EndSessionRequest))
+    @router.post("/v1/sessions/{session_id}/end", response_model=None, openapi_extra=body_doc(EndSessionRequest))
     async def end_session(session_id: str, request: Request) -> Response:
         agent = gate.agent_of(request)
         req = await gate.parse_body(request, EndSessionRequest)
@@ -286,7 +280,7 @@ def _session_routes(book: SessionBook, gate: RequestGate) -> APIRouter:
                                         group_id=request.headers.get("x-group-id", ""))
         return JSONResponse(result, status_code=202 if req.reward is None else 200)
 
-    @router.post("/v1/sessions/{session_id}/reward", openapi_extra=_schema(RewardRequest))
+    @router.post("/v1/sessions/{session_id}/reward", openapi_extra=body_doc(RewardRequest))
     async def report_reward(session_id: str, request: Request) -> dict[str, Any]:
         agent = gate.agent_of(request)
         req = await gate.parse_body(request, RewardRequest)
@@ -303,7 +297,7 @@ def _admin_routes(service: AdapterService, gate: RequestGate) -> APIRouter:
         gate.require_admin(request)
         return service.stats() | {"config": service.config.redacted()}
 
-    @router.post("/admin/drain", openapi_extra=_schema(DrainRequest))
+    @router.post("/admin/drain", openapi_extra=body_doc(DrainRequest))
     async def admin_drain(request: Request) -> dict[str, Any]:
         gate.require_admin(request)
         req = await gate.parse_body(request, DrainRequest)
@@ -375,30 +369,3 @@ def _generate_body(served: Served, req: TokenGenerateRequest) -> dict[str, Any]:
             [lp, tok, None] for lp, tok in zip(call.logprobs, call.output_ids, strict=True)
         ]
     return {"text": reply.text, "output_ids": call.output_ids, "meta_info": meta}
-
-
-# ----- the OpenAPI document
-
-
-def _openapi_with_bodies(app: FastAPI) -> Callable[[], dict[str, Any]]:
-    def openapi() -> dict[str, Any]:
-        if app.openapi_schema is None:
-            document = get_openapi(title=app.title, version=app.version, routes=app.routes)
-            document.setdefault("components", {}).setdefault("schemas", {}).update(_body_schemas())
-            app.openapi_schema = document
-        return app.openapi_schema
-
-    return openapi
-
-
-def _schema(model: type[BaseModel]) -> dict[str, Any]:
-    """Documents a body that the handler parses itself (so the order of checks stays ours); the schema
-    itself is in components.schemas (`_body_schemas`)."""
-    schema = {"$ref": f"#/components/schemas/{model.__name__}"}
-    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
-
-
-def _body_schemas() -> dict[str, Any]:
-    """The request bodies and every model they use, named as the `$ref`s of `_schema` and of each other."""
-    _, top = models_json_schema([(m, "validation") for m in _BODIES], ref_template="#/components/schemas/{model}")
-    return dict(top.get("$defs", {}))
