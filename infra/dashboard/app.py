@@ -86,7 +86,7 @@ def create_app(config: DashboardConfig) -> FastAPI:
         tree, _ = read(lambda store: panels.session(store, trajectory_id))
         if tree is None:
             raise HTTPException(404, f"no trajectory {trajectory_id!r} in the store")
-        return finite(tree)  # type: ignore[no-any-return]
+        return finite(tree)
 
     return app
 

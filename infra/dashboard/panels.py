@@ -30,7 +30,8 @@ SELECT (SELECT count() FROM {db}.trajectories FINAL) AS trajectories,
        (SELECT count() FROM {db}.llm_calls FINAL) AS llm_calls,
        (SELECT sum(num_tokens) FROM {db}.llm_call_segments FINAL) AS generated_tokens,
        (SELECT countIf(event_type = 'TrainStepCompleted') FROM {db}.train_steps FINAL) AS train_steps,
-       (SELECT max(version) FROM {db}.weights FINAL WHERE event_type = 'WeightsPublished') AS newest_version,
+       (SELECT if(count() > 0, max(version), NULL) FROM {db}.weights FINAL WHERE event_type = 'WeightsPublished')
+         AS newest_version,
        (SELECT toInt64(max(toUnixTimestamp64Milli(ts))) FROM {db}.llm_calls) AS last_call_ms""").dicts()[0]
     last = store.query("""
 SELECT step, reward_mean FROM {db}.train_steps FINAL WHERE event_type = 'TrainStepCompleted'
@@ -159,7 +160,7 @@ def prefix_tree(calls: list[dict[str, Any]], segments: list[dict[str, Any]]) -> 
     A parent outside the trajectory makes a call a root."""
     by_id = {c["call_id"]: c for c in calls}
     children: dict[str, list[dict[str, Any]]] = {}
-    roots = []
+    roots: list[dict[str, Any]] = []
     for c in calls:
         parent = by_id.get(c["parent_call_id"])
         (children.setdefault(parent["call_id"], []) if parent else roots).append(c)

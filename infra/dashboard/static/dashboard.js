@@ -57,6 +57,8 @@ function frame({x0, x1, y0, y1, width = 540, height = 190, xFormat = fmt, yForma
   const m = {l: 46, r: 12, t: yLabel ? 16 : 8, b: 30};
   if (x1 === x0) { x0 -= 1; x1 += 1; }
   if (y1 === y0) { y0 -= 1; y1 += 1; }
+  const yTicks = ticks(y0, y1);
+  if (yTicks.length > 1 && yTicks[yTicks.length - 1] < y1) y1 = 2 * yTicks[yTicks.length - 1] - yTicks[yTicks.length - 2];
   const x = v => m.l + (v - x0) / (x1 - x0) * (width - m.l - m.r);
   const y = v => height - m.b - (v - y0) / (y1 - y0) * (height - m.t - m.b);
   const svg = h("svg", {viewBox: `0 0 ${width} ${height}`, height});
@@ -116,7 +118,7 @@ function table(columns, rows) {
 function drawStats(s) {
   const items = [["trajectories", s.trajectories], ["LLM calls", s.llm_calls], ["tokens generated", s.generated_tokens],
                  ["train steps", s.train_steps], ["last step", s.last_step], ["last reward", s.last_reward],
-                 ["newest weights", s.newest_version === 0 && !s.train_steps ? null : s.newest_version]];
+                 ["newest weights", s.newest_version]];
   const ids = ["trajectories", "calls", "tokens", "steps", "last-step", "last-reward", "version"];
   document.getElementById("stats").replaceChildren(...items.map(([label, v], i) =>
     h("div", {class: "stat"}, h("b", {id: `stat-${ids[i]}`}, fmt(v, 4)), h("span", {}, label))));
@@ -203,9 +205,13 @@ function drawDrift(p) {
 function drawPicker(p) {
   const select = document.getElementById("trajectory-select");
   const current = selectedTrajectory || (p.items[0] && p.items[0].trajectory_id);
-  select.replaceChildren(...p.items.map(t => h("option", {value: t.trajectory_id},
-    `${t.trajectory_id.slice(0, 14)}  ${t.agent_id}  reward ${fmt(t.reward)}  ${t.num_calls} calls  ` +
-    `v${t.min_version}–v${t.max_version}  ${t.status}`)));
+  const ids = p.items.map(t => t.trajectory_id).join(" ");
+  if (select.dataset.ids !== ids) {  // rebuilt only when the list changed: an open list stays usable
+    select.dataset.ids = ids;
+    select.replaceChildren(...p.items.map(t => h("option", {value: t.trajectory_id},
+      `${t.trajectory_id.slice(0, 14)}  ${t.agent_id}  reward ${fmt(t.reward)}  ${t.num_calls} calls  ` +
+      `v${t.min_version}–v${t.max_version}  ${t.status}`)));
+  }
   if (current) select.value = current;
   if (current && current !== selectedTrajectory) showSession(current);
 }
