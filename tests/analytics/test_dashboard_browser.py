@@ -20,7 +20,7 @@ import pytest
 
 from bus.process import ManagedProcess
 from infra.analytics.config import AnalyticsConfig, open_store
-from infra.analytics.errors import StoreLockedError
+from infra.analytics.errors import AnalyticsError
 from infra.analytics.store import ChdbStore
 from infra.demo import free_port
 from schemas import events as ev
@@ -210,7 +210,7 @@ def test_page_follows_a_live_store(browser: Any, dashboard: str, run_dir: Path) 
     while store is None:  # the dashboard holds the folder for the length of one read
         try:
             store = ChdbStore(run_dir / "analytics" / "chdb")
-        except StoreLockedError:
+        except AnalyticsError:  # held (StoreLockedError), or released between the refusal and the lock check
             assert time.monotonic() < deadline, "the dashboard never let go of the chdb folder"
     with store:
         ingest(store, later_events())

@@ -143,10 +143,13 @@ function drawEval(p) {
 
 function drawThroughput(p) {
   const resources = [...new Set(p.buckets.map(b => b.resource))].sort();
-  lineChart(document.getElementById("panel-throughput"), resources.map(r => ({
-    name: r, color: colorOf(r, resources),
-    points: p.buckets.filter(b => b.resource === r).map(b => [b.start_ms, b.tokens_per_s]),
-  })), {xFormat: clock, yLabel: "tokens/s", emptyText: "no LLM calls yet"});
+  const starts = p.buckets.map(b => b.start_ms), step = p.buckets.length ? p.buckets[0].bucket_ms : 1;
+  const all = [];  // every bucket of the span: one where no segment ended is 0 tokens/s, not a line across it
+  for (let t = Math.min(...starts); t <= Math.max(...starts); t += step) all.push(t);
+  lineChart(document.getElementById("panel-throughput"), resources.map(r => {
+    const rate = new Map(p.buckets.filter(b => b.resource === r).map(b => [b.start_ms, b.tokens_per_s]));
+    return {name: r, color: colorOf(r, resources), points: all.map(t => [t, rate.get(t) || 0])};
+  }), {xFormat: clock, yLabel: "tokens/s", emptyText: "no LLM calls yet"});
 }
 
 function drawLength(p) {
