@@ -14,7 +14,7 @@ export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: help install jars prometheus test test-fast lint demo up down bench clean
+.PHONY: help install jars packages test test-fast lint demo up down bench clean
 
 help:
 	@echo "make demo   - run the main job (installs and starts what it needs, stops it after)"
@@ -38,20 +38,24 @@ $(JARS): infra/kafka/pom.xml
 
 jars: $(JARS)
 
-# Debian's Prometheus server, for tests/e2e/test_prometheus.py (which skips, saying why, without it).
+# Debian packages the tests use: Prometheus (tests/e2e/test_prometheus.py) and a headless browser
+# (tests/analytics/test_dashboard_browser.py). Installed when missing; a test whose program is still
+# missing skips, saying why (tests/system_packages.py).
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo -n)
-prometheus:
-	@command -v prometheus >/dev/null || { $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
-	  --no-install-recommends prometheus >/dev/null 2>&1 || { $(SUDO) apt-get update -q >/dev/null 2>&1 && \
-	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus \
-	  >/dev/null 2>&1; } || echo "prometheus not installed (needs apt and root): its test will skip"; }
+DEBIAN_PACKAGES := prometheus chromium chromium-driver
+APT_INSTALL := $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends
+packages:
+	@command -v prometheus >/dev/null && command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+	  { $(APT_INSTALL) $(DEBIAN_PACKAGES) >/dev/null 2>&1 || { $(SUDO) apt-get update -q >/dev/null 2>&1 && \
+	  $(APT_INSTALL) $(DEBIAN_PACKAGES) >/dev/null 2>&1; } || \
+	  echo "Debian packages $(DEBIAN_PACKAGES) not installed (needs apt and root): their tests will skip"; }
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mypy schemas bus infra agents_adapter inference_svc scheduler_svc trainer_svc examples
 
-test: $(STAMP) $(JARS) prometheus
+test: $(STAMP) $(JARS) packages
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -m "not gpu" tests

@@ -1,4 +1,4 @@
-"""`sflow`: the operator's command line (stack, events, replay, analytics, simulator)."""
+"""`sflow`: the operator's command line (stack, events, replay, analytics, dashboard, simulator)."""
 
 from __future__ import annotations
 
@@ -307,6 +307,33 @@ def analytics_tables() -> None:
     from infra.analytics.sql import tables_reference
 
     typer.echo(tables_reference(), nl=False)
+
+
+@app.command()
+def dashboard(
+    run: RunOption = None,
+    data_dir: DataDirOption = None,
+    port: Annotated[int, typer.Option(help="HTTP port (0: any free port)")] = 8765,
+    host: Annotated[str, typer.Option(help="address to bind (0.0.0.0: reachable from other machines)")] = "127.0.0.1",
+    refresh_s: Annotated[float, typer.Option(help="seconds between the page's refreshes")] = 3.0,
+) -> None:
+    """Serve a live web dashboard of a run's analytics store (finished, or still running: it refreshes)."""
+    import uvicorn
+
+    from infra.dashboard.app import create_app
+    from infra.dashboard.config import DashboardConfig
+    from infra.dashboard.errors import DashboardConfigError
+
+    with _analytics_errors():
+        store = _analytics_config(run, data_dir)
+    title = store.data_dir.parent.name if run is not None else str(store.data_dir)
+    try:
+        config = DashboardConfig(store=store, title=title, host=host, port=port, refresh_s=refresh_s)
+    except DashboardConfigError as e:
+        err_console.print(f"[red]error:[/] {e}")
+        raise typer.Exit(2) from e
+    err_console.print(f"dashboard of {config.store.data_dir} at http://{host}:{port}/ (Ctrl-C stops it)")
+    uvicorn.run(create_app(config), host=config.host, port=config.port, log_level=config.log_level)
 
 
 @app.command()

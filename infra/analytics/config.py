@@ -20,7 +20,7 @@ from bus.config import BusConfig
 from bus.kit import ConfigModel
 from bus.topics import CATALOG
 from infra.analytics.errors import AnalyticsConfigError, AnalyticsError, StoreLockedError
-from infra.analytics.store import AnalyticsStore, ChdbStore, ClickHouseServerStore, redact
+from infra.analytics.store import AnalyticsStore, ChdbStore, ClickHouseServerStore, held_by_another_process, redact
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _GROUP = re.compile(r"^[A-Za-z0-9._-]+$")
@@ -163,7 +163,9 @@ def open_store(config: AnalyticsConfig, read_only: bool = False) -> AnalyticsSto
         return ChdbStore(config.chdb_path, config.database, config.fsync_inserts)
     if not config.chdb_path.is_dir():
         raise AnalyticsError(f"no analytics data at {config.chdb_path}: run the sink (python -m infra.analytics)")
-    try:
-        return ChdbStore(config.chdb_path, config.database, create=False)
-    except StoreLockedError:
-        return ChdbStore.snapshot(config.chdb_path, config.database)
+    if not held_by_another_process(config.chdb_path):  # asked first: a refused open makes chdb print an error
+        try:
+            return ChdbStore(config.chdb_path, config.database, create=False)
+        except StoreLockedError:
+            pass  # taken between the check and the open
+    return ChdbStore.snapshot(config.chdb_path, config.database)

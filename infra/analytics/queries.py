@@ -75,6 +75,21 @@ _EVENT_COUNTS_SQL: Final = "SELECT * FROM (\n" + "\nUNION ALL\n".join(
     for t in EVENT_TABLES
 ) + "\n) ORDER BY table"
 
+# Shared by `utilisation` and the dashboard's Gantt: the CTE `transitions` (resource, activity, start_ms,
+# next_ms: -1 for the latest) and `horizon_ms`, where the latest activity is taken to end (until_ms, else
+# the newest scheduler event or heartbeat). Put after WITH; takes the parameter until_ms.
+ACTIVITY_TRANSITIONS_WITH: Final = """
+  transitions AS (
+    SELECT resource_id AS resource, to_tag AS activity, toUnixTimestamp64Milli(ts) AS start_ms,
+           leadInFrame(toUnixTimestamp64Milli(ts), 1, toInt64(-1)) OVER (
+             PARTITION BY resource_id ORDER BY ts, offset ROWS BETWEEN CURRENT ROW AND 1 FOLLOWING) AS next_ms
+    FROM {db}.scheduler_events FINAL
+    WHERE kind = 'tag' AND tag_kind = 'activity'
+  ),
+  toInt64(ifNull((SELECT if({until_ms:Int64} > 0, {until_ms:Int64}, greatest(
+     (SELECT toInt64(max(toUnixTimestamp64Milli(ts))) FROM {db}.scheduler_events),
+     (SELECT toInt64(max(toUnixTimestamp64Milli(ts))) FROM {db}.heartbeats)))), 0)) AS horizon_ms"""
+
 _QUERIES: Final[tuple[Query, ...]] = (
     Query(
         "rollout-throughput",
@@ -102,16 +117,7 @@ _QUERIES: Final[tuple[Query, ...]] = (
         "resource's first transition is not observed.",
         f"""
 WITH
-  transitions AS (
-    SELECT resource_id AS resource, to_tag AS activity, toUnixTimestamp64Milli(ts) AS start_ms,
-           leadInFrame(toUnixTimestamp64Milli(ts), 1, toInt64(-1)) OVER (
-             PARTITION BY resource_id ORDER BY ts, offset ROWS BETWEEN CURRENT ROW AND 1 FOLLOWING) AS next_ms
-    FROM {{db}}.scheduler_events FINAL
-    WHERE kind = 'tag' AND tag_kind = 'activity'
-  ),
-  toInt64(ifNull((SELECT if({{until_ms:Int64}} > 0, {{until_ms:Int64}}, greatest(
-     (SELECT toInt64(max(toUnixTimestamp64Milli(ts))) FROM {{db}}.scheduler_events),
-     (SELECT toInt64(max(toUnixTimestamp64Milli(ts))) FROM {{db}}.heartbeats)))), 0)) AS horizon_ms,
+{ACTIVITY_TRANSITIONS_WITH},
   toInt64({{bucket_s:UInt32}}) * 1000 AS bucket_ms_len,
   pieces AS (
     SELECT resource, activity, bucket_ms,

@@ -222,7 +222,7 @@ class ChdbStore(AnalyticsStore):
         try:
             self._session: Any = session.Session(str(self.path))
         except RuntimeError as e:
-            if _held_by_another_process(self.path):
+            if held_by_another_process(self.path):
                 raise StoreLockedError(
                     f"chdb folder {self.path} is held by another process (a running analytics sink?); "
                     "read a snapshot (ChdbStore.snapshot) or stop that process"
@@ -355,7 +355,7 @@ class ClickHouseServerStore(AnalyticsStore):
             client.close()
 
 
-def _held_by_another_process(path: Path) -> bool:
+def held_by_another_process(path: Path) -> bool:
     """Whether a ClickHouse server holds the folder: it keeps an exclusive flock on `status` while running
     (chdb reports only a generic start-up error then)."""
     status = path / "status"

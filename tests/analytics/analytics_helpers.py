@@ -49,7 +49,7 @@ def llm_call(session: str, agent: str, segments: Sequence[ev.Segment], drift: bo
     versions = [s.weight_version for s in segments for _ in range(s.num_tokens)]
     return ev.LLMCall(
         call_id=kw.pop("call_id", f"call-{next(_calls)}"), session_id=session, agent_id=agent,
-        model="m", turn=0, prompt_ids=Int32s(range(prompt)), output_ids=Int32s(range(n)),
+        model="m", turn=kw.pop("turn", 0), prompt_ids=Int32s(range(prompt)), output_ids=Int32s(range(n)),
         output_logprobs=Float32s([-0.5] * n), output_versions=Int32s(versions),
         finish_reason=segments[-1].finish_reason, segments=tuple(segments), request_ms=ts_ms - 1000,
         completed_ms=ts_ms, drift=drift, ts_ms=ts_ms, correlation_id=session, **kw,

@@ -1,7 +1,8 @@
 """A real Prometheus server scrapes every service of a short job (`infra.demo.run`, the `make demo` path).
 
-Debian's `prometheus` binary is installed by `make test` (the Makefile's `prometheus` target); without
-it the test skips, saying so. The demo writes the run's scrape config (`prometheus.yml`); Prometheus
+Debian's `prometheus` binary is installed by `make test` (the Makefile's `packages` target); without
+it the test skips, saying so (`tests/system_packages.py`). The demo writes the run's scrape config
+(`prometheus.yml`); Prometheus
 runs on it (scraping every 2 s) while the job runs, and the test asks Prometheus' HTTP API which
 series it stored: each service's catalog series (`bus.metrics.CATALOG`) under that service's job, with
 the values the job produced (calls served, tokens per resource and version, trajectories, groups).
@@ -19,14 +20,14 @@ import yaml
 from bus.metrics import CATALOG
 from infra.demo import run
 from infra.kafka.cluster import KafkaCluster
-from infra.prometheus import PrometheusServer, prometheus_binary, wait_for
+from infra.prometheus import PrometheusServer, wait_for
 from infra.run_config import RunConfig
+from tests.system_packages import require
 
 pytestmark = [
     pytest.mark.e2e, pytest.mark.kafka, pytest.mark.timeout(300),
-    pytest.mark.skipif(prometheus_binary() is None,
-                       reason="Debian's prometheus package is not installed (make test installs it: apt-get "
-                              "install prometheus, which needs root)"),
+    pytest.mark.skipif(require({"prometheus": "prometheus"}) is not None,
+                       reason=require({"prometheus": "prometheus"}) or ""),
 ]
 
 CONFIG = {
