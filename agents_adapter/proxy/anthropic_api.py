@@ -17,11 +17,11 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, StrictInt, Tag, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, StrictInt, Tag, field_validator
 
 from agents_adapter.proxy.chat_codec import ChatCodec
 from agents_adapter.proxy.http_requests import validate_fields
-from agents_adapter.proxy.openai_models import BodyLimits, ChatCompletionRequest, _Body, _limits, unsupported
+from agents_adapter.proxy.openai_models import BodyLimits, ChatCompletionRequest, _Body, few_messages, unsupported
 from agents_adapter.proxy.outputs import Reply
 from agents_adapter.proxy.service import AdapterService, CallContext, Served
 
@@ -107,13 +107,7 @@ class MessagesRequest(_Body):
     stream: bool = False
     metadata: Metadata | None = None
 
-    @field_validator("messages", mode="before")
-    @classmethod
-    def _few_messages(cls, value: Any, info: ValidationInfo) -> Any:
-        limit = _limits(info).max_messages
-        if isinstance(value, list) and len(value) > limit:
-            raise ValueError(f"{len(value)} messages; this proxy accepts at most max_messages={limit}")
-        return value
+    _few_messages = field_validator("messages", mode="before")(few_messages)
 
 
 # ---------------------------------------------------------------------------------- request -> chat

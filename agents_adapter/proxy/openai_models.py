@@ -31,6 +31,15 @@ class BodyLimits:
     max_abs_reward: float = 1e6
 
 
+def few_messages(cls: type[BaseModel], value: Any, info: ValidationInfo) -> Any:
+    """The `messages` validator of every chat-shaped body: the count is refused before each message is
+    parsed, so an oversized list costs nothing."""
+    limit = _limits(info).max_messages
+    if isinstance(value, list) and len(value) > limit:
+        raise ValueError(f"{len(value)} messages; this proxy accepts at most max_messages={limit}")
+    return value
+
+
 def _limits(info: ValidationInfo) -> BodyLimits:
     context = info.context
     return context if isinstance(context, BodyLimits) else BodyLimits()
@@ -155,13 +164,7 @@ class _Sampling(_Body):
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
 
-    @field_validator("messages", mode="before")
-    @classmethod
-    def _few_messages(cls, value: Any, info: ValidationInfo) -> Any:
-        limit = _limits(info).max_messages
-        if isinstance(value, list) and len(value) > limit:
-            raise ValueError(f"{len(value)} messages; this proxy accepts at most max_messages={limit}")
-        return value
+    _few_messages = field_validator("messages", mode="before")(few_messages)
     max_tokens: StrictInt | None = Field(default=None, ge=1)
     max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
     logprobs: bool | None = None
