@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -102,10 +103,10 @@ def _trainer_spec(config: RunConfig, paths: RunPaths, env: dict[str, str],
     """The trainer, pinned to the first train-capable resource's cores."""
     train_ids = [r.id for r in config.inference.resources if "train" in r.capabilities]
     train_cpus = inference[train_ids[0]].cpus if train_ids else None
+    recipe = paths.root / "trainer.yaml"  # the run config's trainer section, as the service reads it
+    recipe.write_text(yaml.safe_dump(config.trainer.service_values(), sort_keys=False))
     trainer_args = ["--run-id", config.name, "--base-model-dir", str(paths.model), "--weights-root",
-                    str(paths.weights), "--model-name", MODEL_NAME,
-                    "--set", f"engine.learning_rate={config.trainer.learning_rate}",
-                    "--set", f"algorithm.aggregation={config.trainer.aggregation}"]
+                    str(paths.weights), "--model-name", MODEL_NAME, "--config", str(recipe)]
     for rid in train_ids:
         trainer_args += ["--resource-id", rid]
     metrics_args, metrics_url = _metrics_port()
@@ -326,6 +327,11 @@ def summarise(config: RunConfig, paths: RunPaths, monitor: RunMonitor) -> None:
     table.add_row("staleness of trained tokens (mean)", f"{s.mean_staleness:.2f}")
     table.add_row("weight-sync pause ms (mean / max)", f"{s.mean_pause_ms:.0f} / {s.max_pause_ms:.0f}")
     table.add_row("calls spanning a weight update", f"{s.calls_spanning_update} / {s.calls}")
+    health = s.health_first_last(k)
+    for metric, (at_start, at_end) in health.items():
+        table.add_row(f"{metric.replace('_', ' ')}, first / last {k} steps", f"{at_start:.3f} / {at_end:.3f}")
+    table.add_row("groups filtered (dynamic sampling)", str(len(s.filtered_groups)))
+    table.add_row("collapse guard", s.collapse_verdict())
     stored = _analytics_counts(paths)
     table.add_row("analytics rows: llm_calls / trajectories",
                   f"{stored.get('llm_calls', 0)} / {stored.get('trajectories', 0)}")
@@ -336,6 +342,9 @@ def summarise(config: RunConfig, paths: RunPaths, monitor: RunMonitor) -> None:
                "utilisation": {r: {"busy": b, "work": work.get(r, 0.0), "idle": i} for r, (b, i) in util.items()},
                "mean_staleness": s.mean_staleness, "mean_pause_ms": s.mean_pause_ms,
                "calls_spanning_update": s.calls_spanning_update,
+               "health_first_last": {m: list(v) for m, v in health.items()},
+               "filtered_groups": len(s.filtered_groups),
+               "collapse": [{"step": step, "signals": list(sig)} for step, sig in s.collapse],
                "analytics_rows": stored,
                "charts": [str(c) for c in charts]}
     (paths.root / "summary.json").write_text(json.dumps(summary, indent=2))

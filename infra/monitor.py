@@ -45,6 +45,11 @@ def intersect_spans(a: list[Span], b: list[Span]) -> list[Span]:
     return out
 
 
+#: TrainStepCompleted metrics the summary shows per step (first steps against last steps)
+HEALTH_METRICS = ("entropy", "response_length_mean", "truncated_fraction", "zero_variance_fraction",
+                  "clip_fraction_low", "clip_fraction_high", "kl")
+
+
 @dataclass
 class RunState:
     """Raw facts of a run, in event order."""
@@ -61,6 +66,9 @@ class RunState:
     versions_per_call: list[tuple[int, ...]] = field(default_factory=list)
     generating: dict[str, list[Span]] = field(default_factory=lambda: defaultdict(list))  # engine runs
     train_spans: list[Span] = field(default_factory=list)
+    health: list[dict[str, float]] = field(default_factory=list)  # HEALTH_METRICS of each completed step
+    filtered_groups: set[str] = field(default_factory=set)  # left out by dynamic sampling (zero reward variance)
+    collapse: list[tuple[int, tuple[str, ...]]] = field(default_factory=list)  # (step, collapse guard signals)
     end_ms: int = 0
     # Calls recorded but in no trajectory yet, and trajectory calls whose LLMCall is not seen yet (the
     # two topics are read independently, so either may come first).
@@ -108,6 +116,21 @@ class RunState:
         """Calls whose output tokens come from more than one policy version (a weight update mid-call)."""
         return sum(1 for versions in self.versions_per_call if len(versions) > 1)
 
+    def health_first_last(self, k: int) -> dict[str, tuple[float, float]]:
+        """Each of HEALTH_METRICS as (mean over the first k steps, mean over the last k)."""
+        if not self.health:
+            return {}
+        first, last = self.health[:k], self.health[-k:]
+        return {m: (sum(h[m] for h in first) / len(first), sum(h[m] for h in last) / len(last))
+                for m in HEALTH_METRICS}
+
+    def collapse_verdict(self) -> str:
+        """What the collapse guard said: when it first fired and its last signals, or that it never did."""
+        if not self.collapse:
+            return "never fired"
+        (first, _), (last, signals) = self.collapse[0], self.collapse[-1]
+        return f"fired on {len(self.collapse)} step(s), first at step {first}; step {last}: " + "; ".join(signals)
+
     def _activities(self, rid: str) -> list[tuple[Span, str]]:
         """A resource's activity tags as (span, activity), each lasting until the next or the run's end."""
         spans = self.activity.get(rid, [])
@@ -145,6 +168,8 @@ class RunState:
 
     def apply(self, event: ev.Event) -> None:
         self.end_ms = max(self.end_ms, event.ts_ms)
+        if isinstance(event, ev.TrainStepCompleted):
+            self.filtered_groups.update(event.filtered_group_ids)
         if isinstance(event, ev.LLMCall):
             self.calls += 1
             self.output_tokens.append((event.completed_ms, len(event.output_ids)))
@@ -169,6 +194,9 @@ class RunState:
                 self.rewards.append((event.step, event.reward_mean))
                 self.train_spans.append((event.ts_ms - int(event.duration_ms), event.ts_ms))
                 self.version = max(self.version, event.new_version)
+                self.health.append({m: float(getattr(event, m)) for m in HEALTH_METRICS})
+                if event.collapse_signals:
+                    self.collapse.append((event.step, event.collapse_signals))
                 for i, n in enumerate(event.staleness_histogram):
                     if i >= len(self.staleness):
                         self.staleness.append(0)

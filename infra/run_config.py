@@ -7,13 +7,14 @@ the other sections say how (sizes, layout, schedule) and know nothing of the exa
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from infra.errors import InfraError
 from infra.example import CALCULATOR, ExampleSection
+from trainer_svc.config import AlgorithmConfig, CollapseGuardConfig
 
 
 class _Strict(BaseModel):
@@ -54,10 +55,24 @@ class SchedulerSection(_Strict):
 
 
 class TrainerSection(_Strict):
-    learning_rate: float = Field(default=3e-4, gt=0)
-    aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"] = Field(
-        default="seq_mean_token_mean",
-        description="Loss aggregation: per-session means keep long failed sessions from dominating a step.")
+    """The trainer's recipe. `algorithm` and `collapse_guard` are the trainer service's own sections
+    (`trainer_svc.config.AlgorithmConfig`, `CollapseGuardConfig`: every option documented there, and
+    validated here at load, cross-field rules included); the run hands them to the trainer as a file."""
+
+    learning_rate: float = Field(default=3e-4, gt=0, description="AdamW learning rate (engine.learning_rate).")
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig, description=(
+        "Loss and advantages: aggregation, clipping (clip_eps_high: DAPO clip-higher), ratio_level (GSPO),"
+        " kl_coef / kl_estimator, entropy_coef, overlong_mask / overlong_buffer, dynamic_sampling."
+        " max_response_tokens defaults to agent.max_tokens, so truncation is measured."))
+    collapse_guard: CollapseGuardConfig = Field(default_factory=CollapseGuardConfig, description=(
+        "When the run warns that response length or entropy runs away (thresholds)."))
+
+    def service_values(self) -> dict[str, Any]:
+        """The trainer service's config file (`python -m trainer_svc --config FILE`): what differs from
+        its defaults, so the service's own defaults stay the source for the rest."""
+        return {"engine": {"learning_rate": self.learning_rate},
+                "algorithm": self.algorithm.model_dump(mode="json", exclude_defaults=True),
+                "collapse_guard": self.collapse_guard.model_dump(mode="json", exclude_defaults=True)}
 
 
 class AgentSection(_Strict):
@@ -96,6 +111,31 @@ class RunConfig(_Strict):
     trainer: TrainerSection = TrainerSection()
     agent: AgentSection = AgentSection()
     run: RunSection = RunSection()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _truncation_limit(cls, data: Any) -> Any:
+        """trainer.algorithm.max_response_tokens defaults to the agent's max_tokens: the trainer then
+        knows which call outputs were cut off (truncated share, overlong handling, collapse guard)."""
+        if not isinstance(data, dict):
+            return data
+        trainer = data.get("trainer") or {}
+        algorithm = trainer.get("algorithm") if isinstance(trainer, dict) else None
+        if isinstance(trainer, dict) and (algorithm is None or isinstance(algorithm, dict)):
+            algorithm = dict(algorithm or {})
+            agent = data.get("agent") or {}
+            max_tokens = agent.get("max_tokens", AgentSection().max_tokens) if isinstance(agent, dict) else None
+            algorithm.setdefault("max_response_tokens", max_tokens)
+            data = {**data, "trainer": {**trainer, "algorithm": algorithm}}
+        return data
+
+    @model_validator(mode="after")
+    def _limit_is_the_agents(self) -> RunConfig:
+        limit = self.trainer.algorithm.max_response_tokens
+        if limit is not None and limit != self.agent.max_tokens:
+            raise ValueError(f"trainer.algorithm.max_response_tokens={limit} differs from agent.max_tokens="
+                             f"{self.agent.max_tokens}: truncation would be measured against the wrong limit")
+        return self
 
     @model_validator(mode="after")
     def _warmup_has_data(self) -> RunConfig:

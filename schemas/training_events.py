@@ -55,6 +55,15 @@ class TrainStepCompleted(Event):
     status: str = "completed"
     reason: str = ""
     dropped_group_ids: tuple[str, ...] = ()
+    entropy: float = 0.0
+    response_length_mean: float = 0.0
+    clip_fraction_low: float = 0.0
+    clip_fraction_high: float = 0.0
+    truncated_fraction: float = 0.0
+    zero_variance_fraction: float = 0.0
+    filtered_group_ids: tuple[str, ...] = ()
+    added_group_ids: tuple[str, ...] = ()
+    collapse_signals: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:

@@ -1,12 +1,13 @@
 """`python -m trainer_svc --run-id R --base-model-dir DIR --weights-root DIR [--mode standalone ...]`: parse
 config -> build -> run.
 
-Settings come from `--config FILE` (YAML or JSON: the `ServiceConfig` fields, with `engine:` and
-`algorithm:` sections), then the flags below (each scalar `ServiceConfig` field; `--resource-id`
-repeats), then `--set SECTION.FIELD=VALUE` for engine/algorithm fields (`--set engine.learning_rate=1e-4`;
-the value is read as YAML). Kafka comes from `--bootstrap-servers` / `--topic-prefix` or the environment
-(SFLOW_BOOTSTRAP, SFLOW_TOPIC_PREFIX, SFLOW_REPLICATION). SIGTERM / SIGINT stop the service after the
-step in hand; a restart resumes from the newest checkpoint under `<weights-root>/<run-id>`.
+Settings come from `--config FILE` (YAML or JSON: the `ServiceConfig` fields, with `engine:`,
+`algorithm:` and `collapse_guard:` sections), then the flags below (each scalar `ServiceConfig` field;
+`--resource-id` repeats), then `--set SECTION.FIELD=VALUE` for engine/algorithm/collapse_guard fields
+(`--set engine.learning_rate=1e-4`, `--set collapse_guard.window=5`; the value is read as YAML). Kafka
+comes from `--bootstrap-servers` / `--topic-prefix` or the environment (SFLOW_BOOTSTRAP,
+SFLOW_TOPIC_PREFIX, SFLOW_REPLICATION). SIGTERM / SIGINT stop the service after the step in hand; a
+restart resumes from the newest checkpoint under `<weights-root>/<run-id>`.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from bus.log import configure_logging
 from trainer_svc.config import ServiceConfig
 from trainer_svc.errors import ConfigError
 
-_SECTIONS = ("engine", "algorithm")
+_SECTIONS = ("engine", "algorithm", "collapse_guard")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", type=Path, default=None, help="YAML or JSON file with ServiceConfig fields")
     add_config_flags(parser, ServiceConfig, skip={*_SECTIONS, "bus"}, repeat={"resource_ids": "--resource-id"})
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
-                        help="an engine or algorithm field, e.g. engine.learning_rate=1e-4 (repeat)")
+                        help="an engine, algorithm or collapse_guard field, e.g. engine.learning_rate=1e-4 (repeat)")
     add_bus_flags(parser)
     return parser
 

@@ -158,6 +158,22 @@ class AlgorithmConfig(_Section):
     re-planned without end (seen in the 3-broker fault test); dynamic sampling that refills such steps
     from the stream is what makes it safe to turn on."""
 
+    dynamic_sampling: bool = False
+    """DAPO's dynamic sampling (verl's `algorithm.filter_groups.enable`, off there too; it is off here so a
+    recipe changes only when asked): a complete group whose usable members all have one reward is filtered
+    out before the step (done, never trained, listed in `filtered_group_ids`) and is not counted as one of
+    the step's groups; the step takes further complete groups from the stream in its place. Standalone:
+    the step waits until it has `groups_per_step` groups with reward variance. Scheduled: the assigned
+    zero-variance groups are filtered and complete groups no assignment names are added in their place
+    (`added_group_ids`; the scheduler, which does not know of the swap, finds them trained when it feeds
+    them to a later step); when every assigned group has zero variance and none can be added, the step
+    trains on the assigned groups as they are (a skip would be planned again without end)."""
+    dynamic_sampling_max_filtered: int = Field(default=16, ge=1)
+    """Dynamic sampling's bound (verl's `max_num_gen_batches`, counted in groups): standalone, once this
+    many zero-variance groups are buffered the step trains on the groups with variance found so far, or,
+    with none, is skipped and reported (status skipped, the filtered groups in dropped_group_ids);
+    scheduled, at most this many groups are added to one step."""
+
     @field_validator("aggregation", mode="before")
     @classmethod
     def _verl_spelling(cls, value: object) -> object:
@@ -176,6 +192,30 @@ class AlgorithmConfig(_Section):
                              f"{self.max_response_tokens!r}")
         return self
 
+
+
+class CollapseGuardConfig(_Section):
+    """When the run says it is collapsing (`trainer_svc.collapse_guard`): every signal must hold on each of
+    the last `window` completed steps; the relative ones compare with the first `window` steps of the run."""
+
+    field_prefix: ClassVar[str] = "collapse_guard."
+
+    enabled: bool = True
+    """Check every completed step (a warning log and `TrainStepCompleted.collapse_signals`; training goes on)."""
+    window: int = Field(default=3, ge=1)
+    """Consecutive completed steps a signal must hold on (and the size of the baseline at the start)."""
+    max_truncated_fraction: float = Field(default=0.5, gt=0, le=1)
+    """length_runaway: at least this share of the step's sessions cut off at max_response_tokens."""
+    max_length_fraction: float = Field(default=0.9, gt=0, le=1)
+    """length_runaway: mean call output length at least this share of algorithm.max_response_tokens."""
+    max_length_growth: float = Field(default=3.0, gt=1)
+    """length_runaway: mean call output length at least this multiple of the first steps' (without a limit)."""
+    min_entropy_ratio: float = Field(default=0.2, gt=0, lt=1)
+    """entropy_collapse: token entropy at most this share of the first steps' (sampling became greedy)."""
+    max_entropy_ratio: float = Field(default=3.0, gt=1)
+    """entropy_explosion: token entropy at least this multiple of the first steps' (the policy turned to noise)."""
+    max_zero_variance_fraction: float = Field(default=1.0, gt=0, le=1)
+    """zero_variance: at least this share of the step's groups had one reward (no GRPO gradient left)."""
 
 
 class TrainerConfig(_Section):
@@ -264,6 +304,8 @@ class ServiceConfig(_Section):
     """DeepSpeed, precision, batching, optimizer."""
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     """Loss and advantage estimator."""
+    collapse_guard: CollapseGuardConfig = Field(default_factory=CollapseGuardConfig)
+    """When the run warns that response length or entropy runs away (thresholds)."""
     bus: BusConfig = Field(default_factory=lambda: BusConfig.from_env(client_id="trainer"))
     """Kafka settings (SFLOW_BOOTSTRAP, SFLOW_TOPIC_PREFIX, SFLOW_REPLICATION by default)."""
 

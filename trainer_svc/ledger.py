@@ -22,6 +22,7 @@ from typing import Any
 
 from schemas.events import BatchReady, Trajectory
 from trainer_svc.buffer import GroupBuffer, PendingStep, Position
+from trainer_svc.collapse_guard import StepMetrics
 from trainer_svc.errors import CheckpointError
 
 STATE_FORMAT = 1
@@ -63,6 +64,7 @@ class Ledger:
         self.done_groups: dict[str, Done] = {}
         self.next_offsets: dict[tuple[str, int], int | None] = {}
         self.last_step: dict[str, Any] = {}
+        self.step_metrics: list[StepMetrics] = []  # what the collapse guard reads (`collapse_guard.keep`)
         self._ready_seq = 0
 
     # -- restart state
@@ -107,6 +109,7 @@ class Ledger:
             "done_trajectories": {k: d.to_json() for k, d in sorted(self.done_trajectories.items())},
             "done_groups": {k: d.to_json() for k, d in sorted(self.done_groups.items())},
             "last_step": self.last_step,
+            "step_metrics": [m.to_json() for m in self.step_metrics],
         }
 
     @classmethod
@@ -122,6 +125,7 @@ class Ledger:
         ledger.done_trajectories = {k: Done.from_json(v) for k, v in state.get("done_trajectories", {}).items()}
         ledger.done_groups = {k: Done.from_json(v) for k, v in state.get("done_groups", {}).items()}
         ledger.last_step = dict(state.get("last_step", {}))
+        ledger.step_metrics = [StepMetrics.from_json(m) for m in state.get("step_metrics", [])]
         return ledger
 
     # -- inputs

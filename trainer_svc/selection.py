@@ -36,6 +36,8 @@ class Selection:
     kept: tuple[Trajectory, ...]
     skipped_ids: tuple[str, ...]
     dropped_groups: tuple[tuple[str, str], ...]
+    num_groups: int = 0  # groups with a usable member
+    zero_variance_groups: int = 0  # of those, groups whose usable members all have one reward
 
 
 def usable(trajectory: Trajectory, algo: AlgorithmConfig) -> bool:
@@ -52,6 +54,12 @@ def check_rewards(trajectories: Sequence[Trajectory], max_abs_reward: float) -> 
                              f"{named}; step refused")
 
 
+def zero_variance(members: Sequence[Trajectory], algo: AlgorithmConfig) -> bool:
+    """A group whose usable members all have one reward: every GRPO advantage in it is 0 (no gradient).
+    A group without a usable member has no reward at all, so it is not counted as one."""
+    return len({t.reward for t in members if usable(t, algo)}) == 1
+
+
 def select_trainable(trajectories: Sequence[Trajectory], algo: AlgorithmConfig) -> Selection:
     """The members and groups a step trains on (see the module docstring); raises `NonFiniteError`
     when a usable member's reward cannot be trained on."""
@@ -61,14 +69,14 @@ def select_trainable(trajectories: Sequence[Trajectory], algo: AlgorithmConfig) 
     for t in trajectories:
         if not usable(t, algo):
             dropped.setdefault(group_key(t), "no usable member")
+    by_group: dict[str, list[Trajectory]] = {}
+    for t in members:
+        by_group.setdefault(group_key(t), []).append(t)
     if algo.algorithm == "grpo":
-        by_group: dict[str, list[Trajectory]] = {}
-        for t in members:
-            by_group.setdefault(group_key(t), []).append(t)
         for key, group in by_group.items():
             if len(group) < algo.min_group_members:
                 dropped[key] = f"{len(group)} usable member(s), fewer than min_group_members={algo.min_group_members}"
-            elif algo.drop_zero_variance_groups and len({t.reward for t in group}) == 1:
+            elif algo.drop_zero_variance_groups and zero_variance(group, algo):
                 dropped[key] = f"zero reward variance (every usable member has reward {group[0].reward!r})"
             else:
                 dropped.pop(key, None)
@@ -81,4 +89,6 @@ def select_trainable(trajectories: Sequence[Trajectory], algo: AlgorithmConfig) 
         kept=kept,
         skipped_ids=tuple(t.trajectory_id for t in trajectories if t.trajectory_id not in kept_ids),
         dropped_groups=tuple(sorted(dropped.items())),
+        num_groups=len(by_group),
+        zero_variance_groups=sum(zero_variance(g, algo) for g in by_group.values()),
     )

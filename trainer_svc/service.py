@@ -40,6 +40,7 @@ One step (ids: `step_events.step_event_id(run_id, step, type)`, the same for eve
 from __future__ import annotations
 
 import base64
+import dataclasses
 import logging
 import threading
 import time
@@ -60,8 +61,8 @@ from schemas.events import (
     Preemption,
     TaskCompleted,
     TrainData,
+    TrainStepCompleted,
     Trajectory,
-    WeightsPublished,
     decode_event,
     encode_event,
     now_ms,
@@ -69,12 +70,14 @@ from schemas.events import (
 from trainer_svc import checkpoint as ckpt
 from trainer_svc import planner
 from trainer_svc.buffer import PendingStep, Position
+from trainer_svc.collapse_guard import StepMetrics, observe
 from trainer_svc.config import ServiceConfig
+from trainer_svc.dynamic_sampling import Fill, scheduled_fill, standalone_fill
 from trainer_svc.errors import BatchError, CheckpointError, NonFiniteError, TrainerError
 from trainer_svc.ledger import Ledger
 from trainer_svc.metrics import TrainerMetrics
 from trainer_svc.planner import Intake
-from trainer_svc.step_events import StepOrigin, completed_event, skipped_event, started_event, step_event_id
+from trainer_svc.step_events import StepOrigin, completed_event, skipped_event, started_event, weights_event
 from trainer_svc.step_result import StepResult
 from trainer_svc.trainer import Trainer, pack_trajectory
 
@@ -176,7 +179,8 @@ class TrainerService:
         last = self.ledger.last_step
         if not last:
             return
-        weights = self._weights_event(directory, int(last["weights_ts_ms"]), str(last["correlation_id"]))
+        weights = weights_event(self._origin(str(last["correlation_id"])), self.config.model, directory,
+                                int(last["weights_ts_ms"]))
         try:
             recorded = replay(self.config.bus, [WEIGHTS], ReplayRange(start_ms=weights.ts_ms - REPUBLISH_SLACK_MS))
             present = any(r.event.event_id == weights.event_id for r in recorded.events)
@@ -273,10 +277,11 @@ class TrainerService:
 
     def maybe_train(self) -> None:
         self._drop_stale_groups()
+        algo = self.config.algorithm
         if self.config.mode == "standalone":
-            groups = planner.standalone_groups(self.ledger, self.config.groups_per_step)
-            if groups:
-                self.train(groups)
+            fill = standalone_fill(self.ledger, self.config.groups_per_step, algo)
+            if fill is not None:
+                self.train(fill.group_ids, fill=fill)
             return
         version = self._trainer.version
         pending, dropped = planner.next_assignment(self.ledger, version)
@@ -287,7 +292,7 @@ class TrainerService:
                       policy_version=p.assignment.policy_version, version=version)
         if pending is not None and planner.ready_to_run(self.ledger, pending, self.config.group_wait_s,
                                                         time.monotonic()):
-            self.train(pending.group_ids, pending)
+            self.train(pending.group_ids, pending, scheduled_fill(self.ledger, pending.group_ids, algo))
 
     def _drop_stale_groups(self) -> None:
         stale = self.ledger.stale_groups(self._trainer.version, self.config.staleness_bound)
@@ -299,20 +304,24 @@ class TrainerService:
 
     # -- one step
 
-    def train(self, group_ids: Sequence[str], pending: PendingStep | None = None) -> StepResult | None:
-        """Runs one step on the buffered trajectories of `group_ids` (see the module docstring)."""
+    def train(self, group_ids: Sequence[str], pending: PendingStep | None = None,
+              fill: Fill | None = None) -> StepResult | None:
+        """Runs one step on the buffered trajectories of `group_ids` (see the module docstring), or on
+        `fill`'s groups when dynamic sampling filtered some (`trainer_svc.dynamic_sampling`)."""
         trainer, ledger = self._trainer, self.ledger
-        plan = planner.plan_step(ledger, group_ids)
+        fill = fill or Fill(tuple(group_ids))
+        plan = planner.plan_step(ledger, fill.group_ids)
         if plan.missing or plan.partial or plan.already:
             self._log("some assigned groups are not all here", logging.WARNING, missing=",".join(plan.missing),
                       partial=",".join(plan.partial), already_trained=",".join(plan.already))
-        ledger.finish(plan.empty, trainer.step)
+        ledger.finish((*plan.empty, *fill.filtered), trainer.step)
         if pending is not None:
             ledger.pending.pop(pending.assignment_id, None)
         step, policy_version = trainer.step + 1, trainer.version
         origin = self._origin(pending.assignment_id if pending is not None else self.config.run_id)
+        untrained = (*plan.untrained_if_skipped, *fill.filtered)
         if not plan.trajectories:
-            self._skip_step(origin, step, plan.untrained_if_skipped, plan.nothing_reason())
+            self._skip_step(origin, step, untrained, fill.describe() if fill.filtered else plan.nothing_reason())
             return None
         self._producer.publish_sync(started_event(origin, step, policy_version, self.config.resource_ids,
                                                   plan.trajectories))
@@ -323,32 +332,41 @@ class TrainerService:
             if isinstance(e, NonFiniteError) and e.weights_changed:
                 self._restore_last_checkpoint()
             ledger.finish(plan.trained + plan.missing, trainer.step)
-            self._skip_step(origin, step, plan.untrained_if_skipped, str(e), (time.perf_counter() - started) * 1e3)
+            self._skip_step(origin, step, untrained, str(e), (time.perf_counter() - started) * 1e3)
             return None
         ledger.finish(plan.trained + plan.missing, result.step)
         self.metrics.completed(result, time.perf_counter() - started)
-        directory = self._checkpoint_and_publish(origin, result)
+        directory = self._checkpoint_and_publish(origin, result, fill)
         self.steps_run += 1
         self._log("step done", step=result.step, version=result.new_version, loss=f"{result.loss:.4f}",
-                  trajectories=len(result.trajectory_ids), skipped=len(result.skipped_trajectory_ids),
-                  groups=len(plan.trained), checkpoint=str(directory))
+                  trajectories=len(result.trajectory_ids), groups=len(plan.trained), filtered=len(fill.filtered),
+                  added=len(fill.added), skipped=len(result.skipped_trajectory_ids), checkpoint=str(directory))
         return result
 
-    def _checkpoint_and_publish(self, origin: StepOrigin, result: StepResult) -> Path:
+    def _checkpoint_and_publish(self, origin: StepOrigin, result: StepResult, fill: Fill) -> Path:
         """Steps 3 and 4: the step's events are kept in the checkpoint, so a crash after its rename
         publishes them on restart (`_republish_last_step`)."""
-        completed = completed_event(origin, result)
+        completed = self._guarded(completed_event(origin, result, fill))
         weights_ts = now_ms()
         self.ledger.last_step = {"completed": base64.b64encode(encode_event(completed)).decode("ascii"),
                                  "weights_ts_ms": weights_ts, "correlation_id": origin.correlation_id}
         directory = checkpoint_dir(self.config, result.new_version)
         uri, digest = self._trainer.save_checkpoint(directory, consumed_offsets=self.ledger.to_state(result.step))
-        weights = self._weights_event(directory, weights_ts, origin.correlation_id)
+        weights = weights_event(origin, self.config.model, directory, weights_ts)
         if weights.uri != uri or weights.sha256 != digest:
             raise CheckpointError(f"{directory}: reads back as {weights.uri} {weights.sha256}, saved {uri} {digest}")
         self._producer.publish_sync(completed)
         self._producer.publish_sync(weights)
         return directory
+
+    def _guarded(self, event: TrainStepCompleted) -> TrainStepCompleted:
+        """The step's report with what the collapse guard sees over the recent steps (a warning when any)."""
+        guard, limit = self.config.collapse_guard, self.config.algorithm.max_response_tokens
+        self.ledger.step_metrics, signals = observe(self.ledger.step_metrics, StepMetrics.of(event), guard, limit)
+        if signals:
+            self._log("collapse guard: the run is collapsing", logging.WARNING, step=event.step,
+                      signals="; ".join(signals))
+        return dataclasses.replace(event, collapse_signals=signals)
 
     def _skip_step(self, origin: StepOrigin, step: int, group_ids: Sequence[str], reason: str,
                    duration_ms: float = 0.0) -> None:
@@ -368,17 +386,6 @@ class TrainerService:
             self._trainer.load_checkpoint(latest)
         self._log("weights restored after a refused step", logging.WARNING,
                   checkpoint=str(latest) if latest else "base model", version=self._trainer.version)
-
-    def _weights_event(self, directory: Path, ts_ms: int, correlation: str) -> WeightsPublished:
-        """WeightsPublished of a committed checkpoint; a function of the directory (and the recorded time)."""
-        progress = ckpt.read_progress(directory)
-        num_bytes = sum(p.stat().st_size for p in directory.glob("*.safetensors"))
-        return WeightsPublished(
-            event_id=step_event_id(self.config.run_id, progress.step, "WeightsPublished"), ts_ms=ts_ms,
-            producer=self.producer_id, correlation_id=correlation, model=self.config.model,
-            version=progress.version, uri=directory.resolve().as_uri(), sha256=progress.weights_sha256,
-            step=progress.step, num_bytes=num_bytes,
-        )
 
 
 def run_service(config: ServiceConfig, stop: threading.Event) -> int:

@@ -10,8 +10,11 @@ from __future__ import annotations
 import dataclasses
 import uuid
 from collections.abc import Sequence
+from pathlib import Path
 
-from schemas.events import TrainStepCompleted, TrainStepStarted, Trajectory
+from schemas.events import TrainStepCompleted, TrainStepStarted, Trajectory, WeightsPublished
+from trainer_svc import checkpoint as ckpt
+from trainer_svc.dynamic_sampling import Fill
 from trainer_svc.step_result import StepResult
 
 #: uuid5 namespace of the step event ids (fixed forever: a redone step must get the same ids).
@@ -43,11 +46,16 @@ def started_event(origin: StepOrigin, step: int, policy_version: int, resource_i
     )
 
 
-def completed_event(origin: StepOrigin, result: StepResult) -> TrainStepCompleted:
+def completed_event(origin: StepOrigin, result: StepResult, fill: Fill | None = None) -> TrainStepCompleted:
+    """The step's report; the groups dynamic sampling filtered before it count in its zero-variance share."""
+    filtered = fill.filtered if fill is not None else ()
+    groups = result.num_groups + len(filtered)
     return dataclasses.replace(
         result.to_event(run_id=origin.run_id, producer=origin.producer),
         event_id=step_event_id(origin.run_id, result.step, "TrainStepCompleted"),
         correlation_id=origin.correlation_id,
+        zero_variance_fraction=(result.zero_variance_groups + len(filtered)) / groups if groups else 0.0,
+        filtered_group_ids=filtered, added_group_ids=fill.added if fill is not None else (),
     )
 
 
@@ -64,4 +72,16 @@ def skipped_event(origin: StepOrigin, step: int, version: int, group_ids: Sequen
         producer=origin.producer, correlation_id=origin.correlation_id, run_id=origin.run_id, step=step,
         new_version=version, loss=0.0, reward_mean=0.0, kl=0.0, clip_fraction=0.0, num_tokens=0,
         duration_ms=duration_ms, status=SKIPPED, reason=reason, dropped_group_ids=groups,
+    )
+
+
+def weights_event(origin: StepOrigin, model: str, directory: Path, ts_ms: int) -> WeightsPublished:
+    """WeightsPublished of a committed checkpoint; a function of the directory (and the recorded time)."""
+    progress = ckpt.read_progress(directory)
+    num_bytes = sum(p.stat().st_size for p in directory.glob("*.safetensors"))
+    return WeightsPublished(
+        event_id=step_event_id(origin.run_id, progress.step, "WeightsPublished"), ts_ms=ts_ms,
+        producer=origin.producer, correlation_id=origin.correlation_id, model=model,
+        version=progress.version, uri=directory.resolve().as_uri(), sha256=progress.weights_sha256,
+        step=progress.step, num_bytes=num_bytes,
     )

@@ -34,6 +34,8 @@ class StepResult:
     entropy: float  # mean entropy of the policy at the trained tokens, before the update
     response_length_mean: float  # mean generated tokens per call output
     truncated_fraction: float  # sessions with a call output of max_response_tokens (0 when unknown)
+    num_groups: int  # groups with a usable member
+    zero_variance_groups: int  # of those, groups whose usable members all have one reward (no gradient)
     staleness_histogram: tuple[int, ...]
     stale_tokens: int
     num_tokens: int
@@ -64,4 +66,10 @@ class StepResult:
             duration_ms=self.duration_ms,
             reason=describe_dropped(self.dropped_groups),
             dropped_group_ids=tuple(g for g, _ in self.dropped_groups),
+            entropy=self.entropy,
+            response_length_mean=self.response_length_mean,
+            clip_fraction_low=self.clip_fraction_low,
+            clip_fraction_high=self.clip_fraction_high,
+            truncated_fraction=self.truncated_fraction,
+            zero_variance_fraction=self.zero_variance_groups / self.num_groups if self.num_groups else 0.0,
         )

@@ -260,6 +260,8 @@ class Trainer:
             entropy=stats.entropy,
             response_length_mean=inputs.lengths.mean_call_length,
             truncated_fraction=inputs.lengths.truncated_fraction,
+            num_groups=inputs.selection.num_groups,
+            zero_variance_groups=inputs.selection.zero_variance_groups,
             staleness_histogram=histogram,
             stale_tokens=stale,
             num_tokens=sum(t.num_tokens for t in inputs.trees),

@@ -231,6 +231,22 @@ WHERE event_type = 'TrainStepCompleted'
 ORDER BY run, step""",
     ),
     Query(
+        "health",
+        "Is the run collapsing: the collapse guard's metrics per train step",
+        "Per run and step (TrainStepCompleted): token entropy, mean response length, the shares of truncated "
+        "sessions and of zero-variance groups, the clip fraction per side, the groups dynamic sampling "
+        "filtered and what the collapse guard said (docs/architecture.md, trainer).",
+        """
+SELECT run_id AS run, step, round(reward_mean, 4) AS reward, round(entropy, 4) AS entropy,
+       round(response_length_mean, 1) AS response_length, round(truncated_fraction, 3) AS truncated,
+       round(zero_variance_fraction, 3) AS zero_variance, round(clip_fraction_low, 4) AS clip_low,
+       round(clip_fraction_high, 4) AS clip_high, round(kl, 5) AS kl, length(filtered_group_ids) AS filtered,
+       arrayStringConcat(collapse_signals, '; ') AS collapse
+FROM {db}.train_steps FINAL
+WHERE event_type = 'TrainStepCompleted' AND status != 'skipped'
+ORDER BY run, step""",
+    ),
+    Query(
         "scheduler",
         "Scheduler decisions per resource",
         "Per resource: preemptions it suffered, SPMD assignments it took part in, activity and capability "

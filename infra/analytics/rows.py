@@ -181,20 +181,31 @@ def _weights(e: ev.WeightsPublished | ev.WeightsLoaded | ev.WeightSyncStarted | 
     return [("weights", {**_WEIGHTS_BLANK, "model": e.model, "version": e.version, **specific})]
 
 
+_STEP_METRICS_BLANK: dict[str, Any] = {
+    "entropy": 0.0, "response_length_mean": 0.0, "clip_fraction_low": 0.0, "clip_fraction_high": 0.0,
+    "truncated_fraction": 0.0, "zero_variance_fraction": 0.0, "filtered_group_ids": [], "collapse_signals": [],
+}
+
+
 def _train(e: ev.TrainStepStarted | ev.TrainStepCompleted) -> _Rows:
     if isinstance(e, ev.TrainStepStarted):
         return [("train_steps", {
             "run_id": e.run_id, "step": e.step, "policy_version": e.policy_version, "new_version": -1,
             "resource_ids": list(e.resource_ids), "num_trajectories": e.num_trajectories,
             "num_tokens": e.num_tokens, "loss": 0.0, "reward_mean": 0.0, "kl": 0.0, "clip_fraction": 0.0,
-            "staleness_histogram": [], "trajectory_ids": [], "duration_ms": 0.0,
+            "staleness_histogram": [], "trajectory_ids": [], "duration_ms": 0.0, **_STEP_METRICS_BLANK,
+            "status": "started",
         })]
     return [("train_steps", {
         "run_id": e.run_id, "step": e.step, "policy_version": e.new_version - 1, "new_version": e.new_version,
         "resource_ids": [], "num_trajectories": len(e.trajectory_ids), "num_tokens": e.num_tokens,
         "loss": e.loss, "reward_mean": e.reward_mean, "kl": e.kl, "clip_fraction": e.clip_fraction,
         "staleness_histogram": list(e.staleness_histogram), "trajectory_ids": list(e.trajectory_ids),
-        "duration_ms": e.duration_ms,
+        "duration_ms": e.duration_ms, "status": e.status, "entropy": e.entropy,
+        "response_length_mean": e.response_length_mean, "clip_fraction_low": e.clip_fraction_low,
+        "clip_fraction_high": e.clip_fraction_high, "truncated_fraction": e.truncated_fraction,
+        "zero_variance_fraction": e.zero_variance_fraction, "filtered_group_ids": list(e.filtered_group_ids),
+        "collapse_signals": list(e.collapse_signals),
     })]
 
 

@@ -147,6 +147,10 @@ TABLES: Final[tuple[Table, ...]] = (
         ("clip_fraction", "Float64"),
         ("staleness_histogram", "Array(UInt64)"),  # entry k: generated tokens of staleness k (last: beyond bound)
         ("trajectory_ids", "Array(String)"), ("duration_ms", "Float64"),
+        ("status", "LowCardinality(String)"), ("entropy", "Float64"), ("response_length_mean", "Float64"),
+        ("clip_fraction_low", "Float64"), ("clip_fraction_high", "Float64"), ("truncated_fraction", "Float64"),
+        ("zero_variance_fraction", "Float64"), ("filtered_group_ids", "Array(String)"),
+        ("collapse_signals", "Array(String)"),
     )),
     Table("train_data", "TrainData: the groups (and their versions) an assignment's train step reads", (
         ("run_id", "LowCardinality(String)"), ("assignment_id", "String"), ("step", "Int64"),

@@ -139,3 +139,23 @@ def test_llm_call_with_segments_writes_into_two_tables(store: ChdbStore) -> None
     writer.flush()
     assert (store.count("llm_calls"), store.count("llm_call_segments")) == (1, 2)
     assert dict(writer.stats.rows_by_table) == {"llm_calls": 1, "llm_call_segments": 2}
+
+
+def test_train_steps_keep_the_step_metrics_and_the_health_query_shows_them(store: ChdbStore) -> None:
+    from infra.analytics.queries import CANNED
+
+    writer = AnalyticsWriter(store)
+    started = example(ev.TrainStepStarted, 1, run_id="r", step=1)
+    done = example(ev.TrainStepCompleted, 2, run_id="r", step=1, entropy=1.25, response_length_mean=79.5,
+                   clip_fraction_low=0.01, clip_fraction_high=0.02, truncated_fraction=0.75,
+                   zero_variance_fraction=1.0, filtered_group_ids=("g1", "g2"),
+                   collapse_signals=("length_runaway: x", "zero_variance: y"))
+    skipped = example(ev.TrainStepCompleted, 3, run_id="r", step=2, status="skipped")
+    for i, e in enumerate((started, done, skipped)):
+        writer.add(received(e, offset=i))
+    writer.flush()
+    assert store.count("train_steps") == 3
+    [row] = CANNED["health"].run(store).dicts()
+    assert (row["step"], row["entropy"], row["response_length"], row["truncated"]) == (1, 1.25, 79.5, 0.75)
+    assert (row["zero_variance"], row["clip_low"], row["clip_high"], row["filtered"]) == (1.0, 0.01, 0.02, 2)
+    assert row["collapse"] == "length_runaway: x; zero_variance: y"

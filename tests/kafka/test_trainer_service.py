@@ -89,10 +89,13 @@ def session_trajectory(session_id: str, group_id: str, reward: float, seed: int,
     )
 
 
-def group(group_id: str, size: int = 2, version: int = 0) -> tuple[list[Trajectory], BatchReady]:
-    """`size` trajectories with distinct rewards (non-zero GRPO advantages) and the group's BatchReady."""
+def group(group_id: str, size: int = 2, version: int = 0,
+          reward: float | None = None) -> tuple[list[Trajectory], BatchReady]:
+    """`size` trajectories with distinct rewards (non-zero GRPO advantages), or all with `reward` (zero
+    variance), and the group's BatchReady."""
     seed = zlib.crc32(group_id.encode())
-    members = [session_trajectory(f"{group_id}-s{i}", group_id, float(i), seed + i, version) for i in range(size)]
+    members = [session_trajectory(f"{group_id}-s{i}", group_id, float(i) if reward is None else reward, seed + i,
+                                  version) for i in range(size)]
     tracker = GroupTracker(default_size=size)
     ready = [b for t in members if (b := tracker.add(t)) is not None]
     assert len(ready) == 1
@@ -159,9 +162,9 @@ class Service(ServiceProcess):
     """`python -m trainer_svc` on the test's topics; a start with a fault runs it under `trainer_fault_runner`,
     which SIGKILLs it at that point (production code has no fault hook)."""
 
-    def __init__(self, config: BusConfig, model_dir: Path, weights_root: Path, log: Path, **options: object) -> None:
-        self.config = config
-        super().__init__("trainer_svc", config, log, {
+    def __init__(self, bus: BusConfig, model_dir: Path, weights_root: Path, log: Path, **options: object) -> None:
+        self.config = bus
+        super().__init__("trainer_svc", bus, log, {
             "run-id": RUN, "base-model-dir": model_dir, "weights-root": weights_root, "resource-id": RESOURCE,
             "model-name": "tiny", "poll-timeout-s": 0.2, "log-level": "info", **options,
         }, env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1"})
@@ -273,6 +276,27 @@ def test_standalone_step_publishes_a_loadable_checkpoint(
     assert service.stop() == 0  # SIGTERM: a clean stop
     assert set(bus.completed()) == {1, 2}
     assert "gamma" in service.log.read_text()  # the drop is logged
+
+
+@pytest.mark.kafka
+def test_dynamic_sampling_filters_zero_variance_groups_and_reports_the_step_metrics(
+    bus: Bus, service_factory: Callable[..., Service], tmp_path: Path
+) -> None:
+    flat_name, mixed1_name, mixed2_name = groups_on_one_partition("ds-", 3)  # read in publishing order
+    flat, mixed1, mixed2 = group(flat_name, reward=1.0), group(mixed1_name), group(mixed2_name)
+    for members, ready in (flat, mixed1, mixed2):
+        bus.publish(*members, ready)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("algorithm: {dynamic_sampling: true, dynamic_sampling_max_filtered: 4}\n")
+    service = service_factory(mode="standalone", **{"groups-per-step": 2, "config": recipe}).start()
+    wait_until(lambda: bus.weights().get(1), service, "step 1")
+    step = bus.completed()[1]
+    assert sorted(step.trajectory_ids) == sorted(ids_of(mixed1, mixed2))  # the flat group is not one of the two
+    assert step.filtered_group_ids == (flat_name,) and step.added_group_ids == ()
+    assert step.zero_variance_fraction == pytest.approx(1 / 3)
+    assert step.entropy > 0 and step.response_length_mean == 3.0 and step.truncated_fraction == 0.0
+    assert step.collapse_signals == ()
+    assert service.stop() == 0
 
 
 @pytest.mark.kafka

@@ -55,3 +55,22 @@ def test_calls_in_no_trajectory_are_tracked_whichever_topic_comes_first() -> Non
     state.apply(b)
     state.apply(c)
     assert state.unassembled == {"c"} and state.assembled_early == set()
+
+
+def test_the_summary_compares_first_and_last_step_metrics_and_says_what_the_collapse_guard_saw() -> None:
+    state = RunState()
+    assert state.health_first_last(3) == {} and state.collapse_verdict() == "never fired"
+    lengths = [30.0, 40.0, 70.0, 80.0]
+    for step, length in enumerate(lengths, start=1):
+        signals = ("length_runaway: 100%+ truncated",) if length == 80.0 else ()
+        state.apply(example(ev.TrainStepCompleted, step, step=step, response_length_mean=length, entropy=1.0,
+                            truncated_fraction=length / 80, filtered_group_ids=(f"g{step}",),
+                            collapse_signals=signals))
+    state.apply(example(ev.TrainStepCompleted, 9, step=4, response_length_mean=80.0,  # a repeat of step 4
+                        filtered_group_ids=("g4",)))
+    health = state.health_first_last(2)
+    assert health["response_length_mean"] == (35.0, 75.0)
+    assert health["truncated_fraction"] == pytest.approx((0.4375, 0.9375))
+    assert health["entropy"] == (1.0, 1.0)
+    assert len(state.filtered_groups) == 4
+    assert state.collapse_verdict() == "fired on 1 step(s), first at step 4; step 4: length_runaway: 100%+ truncated"
