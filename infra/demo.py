@@ -141,7 +141,8 @@ def _rollout_spec(config: RunConfig, env: dict[str, str], adapter_port: int, api
     """The rollout workers, running the config's example."""
     agent, example = config.agent, config.example
     return ServiceSpec("rollout-workers", "infra.rollout_workers", (
-        "--base-url", f"http://127.0.0.1:{adapter_port}/v1", "--api-key", api_key, "--model", MODEL_NAME,
+        # `--api-key=KEY`: a random key may begin with "-", which argparse would take for an option
+        "--base-url", f"http://127.0.0.1:{adapter_port}/v1", f"--api-key={api_key}", "--model", MODEL_NAME,
         "--concurrency", str(agent.concurrency), "--max-turns", str(agent.max_turns),
         "--max-tokens", str(agent.max_tokens), "--temperature", str(agent.temperature),
         *(["--ignore-eos"] if agent.ignore_eos else []),

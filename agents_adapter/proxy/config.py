@@ -213,6 +213,11 @@ class AdapterConfig(BaseModel):
     delivery_timeout_ms: int = Field(
         default=5000, ge=100, description="How long Kafka may take to acknowledge a call's events before a 503."
     )
+    record_retry_s: float = Field(
+        default=30.0, ge=0, allow_inf_nan=False,
+        description="How long a call's events Kafka did not acknowledge are published again before a 503 "
+                    "(a broker failover takes seconds; 0: one attempt).",
+    )
     producer_linger_ms: int = Field(default=0, ge=0, description="Producer batching delay (0: lowest latency).")
     bus: BusConfig = Field(
         default_factory=lambda: BusConfig.from_env(client_id="agents-adapter"),

@@ -356,7 +356,8 @@ def test_kafka_down_means_503_and_every_served_call_is_recorded(
     try:
         bus = BusConfig(bootstrap_servers=cluster.bootstrap_servers, topic_prefix="down.")
         ensure_topics(bus)
-        proxy = start_proxy(bus, (f"rollout-a={engine_a[0]}",), delivery_timeout_ms=3000)
+        # one attempt per call (record_retry_s=0): the 503 comes at once (the retry has its own test below)
+        proxy = start_proxy(bus, (f"rollout-a={engine_a[0]}",), delivery_timeout_ms=3000, record_retry_s=0)
         client = proxy.client(session="kafka")
         served: list[str] = []
 
@@ -388,6 +389,37 @@ def test_kafka_down_means_503_and_every_served_call_is_recorded(
         assert set(served) <= set(ids)  # every served call is in the log
         # a refused call may still have reached the log (its acknowledgement came too late): never more
         assert len(ids) - len(served) <= refused
+    finally:
+        cluster.stop()
+
+
+def test_a_call_whose_record_kafka_did_not_acknowledge_is_published_again_and_served_once(
+    tmp_path: Path, start_proxy: Callable[..., Proxy], engine_a: tuple[str, Any],
+) -> None:
+    """Kafka goes away while a call is recorded and comes back within `record_retry_s`: the call's
+    events are published again and the agent gets its answer, recorded once (with a broker of three,
+    one event of a call can be acknowledged while another times out: a 503 then left a recorded call
+    the agent was told failed)."""
+    cluster = KafkaCluster(tmp_path / "kafka", nodes=1, base_port=free_base_port())
+    cluster.start()
+    try:
+        bus = BusConfig(bootstrap_servers=cluster.bootstrap_servers, topic_prefix="retry.")
+        ensure_topics(bus)
+        proxy = start_proxy(bus, (f"rollout-a={engine_a[0]}",), delivery_timeout_ms=2000, record_retry_s=90)
+        client = proxy.client(session="retry")
+        first = client.chat.completions.create(model=proxy.model, messages=[{"role": "user", "content": "x"}],
+                                               max_tokens=3)
+        cluster.stop()
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(client.chat.completions.create, model=proxy.model, max_tokens=3,
+                                  messages=[{"role": "user", "content": "y"}])
+            wait_for(lambda: proxy.service.recorder.retried > 0, timeout_s=60)  # an attempt timed out
+            cluster.start()
+            second = pending.result(timeout=120)
+        served = [*first.model_extra["sflow"]["call_ids"], *second.model_extra["sflow"]["call_ids"]]  # type: ignore[index]
+        ids = [c.call_id for c in recorded(bus, "llm.calls", ev.LLMCall)]
+        assert ids == served  # each served call recorded once, nothing the agent was not served
+        assert proxy.service.recorder.failed == 0
     finally:
         cluster.stop()
 
