@@ -144,6 +144,7 @@ class ResourcePool:
         step: int | None = None,
         policy_version: int | None = None,
         work: Sequence[str] = (),
+        reason: str = "",
     ) -> list[Decision]:
         """Assign one SPMD task to `resource_ids`, preempting whatever they run.
 
@@ -179,7 +180,9 @@ class ResourcePool:
             activity = self.resources[rid].activity
             if activity != task_kind:
                 out.append(TagTransition(rid, ACTIVITY, (activity,), (task_kind,), cause))
-        out.append(Assignment(new_id, task_kind, tuple(resource_ids), cause, step, policy_version, tuple(work)))
+        out.append(
+            Assignment(new_id, task_kind, tuple(resource_ids), cause, step, policy_version, tuple(work), reason)
+        )
         return out
 
     def plan_preemption(
