@@ -1,0 +1,70 @@
+"""Adaptive lending's decisions on hand-made situations: the estimates (from observed records) and
+the two rules, lend and start, each with the case that takes the bet and the one that declines it."""
+
+from __future__ import annotations
+
+import pytest
+
+from scheduler_svc.decisions import Assignment, LoadWeights, TaskCompleted, TrainStepCompleted, WeightsLoaded
+from scheduler_svc.lending import Estimates, lend_verdict, observe, start_verdict
+
+pytestmark = pytest.mark.unit
+
+
+def observed(group_every_s: float, tokens_per_resource_s: float = 1000.0, return_s: float = 7.0) -> Estimates:
+    """Estimates as the log would build them: groups of 10,000 tokens completing every
+    `group_every_s`, a 100 s step on 2 resources, and one resource's return load."""
+    est = Estimates()
+    for i in range(10):
+        observe(est, TaskCompleted("t", f"g{i}", 4, 0, 10_000), i * group_every_s, 0, 0)
+    observe(est, Assignment("a1", "train", ("r0", "r1"), "train_step", 0, 0), 100.0, 0, 0)
+    observe(est, TrainStepCompleted(200.0, "a1", 0, 1), 200.0, round(tokens_per_resource_s * 200), 2)
+    observe(est, LoadWeights("r0", 1, "s1", "train_step_done"), 200.0, 0, 0)
+    observe(est, WeightsLoaded(200.0 + return_s, "r0", 1), 200.0 + return_s, 0, 0)
+    return est
+
+
+def test_estimates_come_from_the_observed_records() -> None:
+    est = observed(group_every_s=2.0)
+    assert est.rate() == pytest.approx(0.5)
+    assert est.tokens_per_resource_s == pytest.approx(1000.0)
+    assert est.return_s == pytest.approx(7.0)
+    assert est.train_s(4000, 2) == pytest.approx(2.0)
+
+
+def test_lend_when_the_idle_window_exceeds_the_cost() -> None:
+    # 30 groups missing at 0.5 groups/s: 60 s until the next step; the round trip costs 7 + 4 s
+    v = lend_verdict(observed(2.0), missing_first=30, missing_all=30, batch_groups=1, resources=2, switch_s=4.0)
+    assert v.take and v.benefit_s is not None and v.cost_s == pytest.approx(11.0) and v.benefit_s > v.cost_s
+    assert "lend" in v.reason and "cost 11.0s" in v.reason
+
+
+def test_do_not_lend_when_the_window_is_shorter_than_the_cost() -> None:
+    # 2 groups missing at 0.5 groups/s: 4 s until the next step, less than the 11 s round trip
+    v = lend_verdict(observed(2.0), missing_first=2, missing_all=2, batch_groups=1, resources=2, switch_s=4.0)
+    assert not v.take and v.benefit_s is not None and v.benefit_s <= v.cost_s
+
+
+def test_train_as_the_bottleneck_keeps_the_resources_for_training() -> None:
+    """When training the next batch takes longer than producing the rest of it, the window a lent
+    resource would roll out in vanishes: train is the bottleneck, so the resources stay taken."""
+    fast_rollout = observed(0.1, tokens_per_resource_s=100.0)  # 10 groups/s; training 50 tokens/s/res
+    v = lend_verdict(fast_rollout, missing_first=0, missing_all=40, batch_groups=40, resources=2, switch_s=4.0)
+    assert not v.take
+    slow_rollout = observed(20.0, tokens_per_resource_s=100_000.0)
+    v = lend_verdict(slow_rollout, missing_first=0, missing_all=40, batch_groups=40, resources=2, switch_s=4.0)
+    assert v.take
+
+
+def test_start_on_ready_groups_only_when_the_stragglers_will_be_done_in_time() -> None:
+    est = observed(2.0)
+    # ready: 100,000 tokens on 2 resources = 50 s of training; 10 missing groups need 20 s
+    assert start_verdict(est, missing=10, ready_tokens=100_000, resources=2, switch_s=4.0).take
+    # 100 missing groups need 200 s: the trainers would wait in the step, so they keep rolling out
+    assert not start_verdict(est, missing=100, ready_tokens=100_000, resources=2, switch_s=4.0).take
+
+
+def test_without_estimates_the_fixed_policy_is_kept() -> None:
+    v = lend_verdict(Estimates(), missing_first=1, missing_all=1, batch_groups=1, resources=1, switch_s=4.0)
+    assert v.take and "no estimate" in v.reason
+    assert start_verdict(Estimates(), missing=5, ready_tokens=1, resources=1, switch_s=4.0).take
