@@ -178,6 +178,10 @@ class ResourcePool:
             out.extend(self.plan_preemption(aid, cause=cause, by_assignment_id=new_id, keep=targets))
         for rid in resource_ids:
             activity = self.resources[rid].activity
+            if activity == WEIGHT_SYNC and self.resources[rid].assignment_id is None and task_kind != ROLLOUT:
+                # loading weights to go back to rollout: the proxy may already have queued requests
+                # there, which would wait out the whole task (a step waiting on them never ends)
+                out.append(PauseRollout(rid, "abort", cause))
             if activity != task_kind:
                 out.append(TagTransition(rid, ACTIVITY, (activity,), (task_kind,), cause))
         out.append(

@@ -5,8 +5,18 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler_svc.decisions import Assignment, LoadWeights, TaskCompleted, TrainStepCompleted, WeightsLoaded
+from scheduler_svc.decisions import (
+    Assignment,
+    LoadWeights,
+    PauseRollout,
+    ResumeRollout,
+    TaskCompleted,
+    TrainStepCompleted,
+    WeightsLoaded,
+)
 from scheduler_svc.lending import Estimates, lend_verdict, observe, start_verdict
+from scheduler_svc.policies import spatiotemporal
+from scheduler_svc.tags import TRAIN
 
 pytestmark = pytest.mark.unit
 
@@ -68,3 +78,22 @@ def test_without_estimates_the_fixed_policy_is_kept() -> None:
     v = lend_verdict(Estimates(), missing_first=1, missing_all=1, batch_groups=1, resources=1, switch_s=4.0)
     assert v.take and "no estimate" in v.reason
     assert start_verdict(Estimates(), missing=5, ready_tokens=1, resources=1, switch_s=4.0).take
+
+
+def test_a_resource_taken_back_while_loading_to_lend_drops_the_requests_queued_at_it(world_factory) -> None:
+    """The stall of a randomized draw: a train-capable resource lent after a step is still loading
+    the new weights (the proxy already queues requests there) when the next batch is ready and the
+    step takes it back. Those requests must be aborted (sent elsewhere): left queued at a trainer,
+    their groups never complete, and a step waiting for its stragglers never ends."""
+    world = world_factory(spatiotemporal(1), batch=1, samples=1, inflight_per_resource=2)
+    world.register_all(["H800", "H800"])
+    first, second = sorted(world.inflight)
+    world.complete_group(first)
+    lent = world.finish_train()
+    assert any(isinstance(d, LoadWeights) and d.resource_id == "r0" and d.cause == "train_step_done" for d in lent)
+    taken = world.complete_group(second)  # before r0 acknowledged its load
+    train = [d for d in taken if isinstance(d, Assignment) and d.task_kind == TRAIN]
+    assert [a.resource_ids for a in train] == [("r0",)]
+    aborts = [i for i, d in enumerate(taken) if isinstance(d, PauseRollout) and d.resource_id == "r0"]
+    assert [taken[i].mode for i in aborts] == ["abort"] and aborts[0] < taken.index(train[0])
+    assert not any(isinstance(d, ResumeRollout) and d.resource_id == "r0" for d in world.ack_load("r0"))
