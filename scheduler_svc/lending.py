@@ -12,14 +12,25 @@ takes it, and at least as good as a fixed disaggregated split (which never lends
 The estimates come only from what the core observes, so a replayed log rebuilds them exactly:
 
 * group production rate: completed groups per second over the last `window` completions;
-* train throughput: tokens trained per second per train resource, over the last step (assignment to
-  `TrainStepCompleted`, so switch and optimizer time are included: what a step really costs);
+* train throughput: tokens trained per second per train resource, over the last step: the better of
+  the whole step (assignment to `TrainStepCompleted`, switch and optimizer included) and its tail
+  (the final `TrainData` to `TrainStepCompleted`: what was left, optimizer included). Each is a lower
+  bound on the real speed (the first includes waiting for micro-batches, the second any backlog), so
+  waiting on stragglers does not make training look slow;
 * the return cost: `LoadWeights` to `WeightsLoaded` of a resource coming back from training (weight
-  load plus role switch), observed; the switch into training is not observable by the core and
-  uses `SchedulerSettings.switch_estimate_s`.
+  load plus role switch), observed; before the first return, the longest observed weight load of any
+  resource plus the switch prior. The switch into training is not observable by the core and uses
+  `SchedulerSettings.switch_estimate_s`.
 
 Rules (each decision's numbers go into its `reason`):
 
+* take: a step takes the fewest train-capable resources (best roofline `train_priority` first) whose
+  estimated training of a batch, ``batch_tokens / (tokens_per_resource_s * n)``, fits in the time the
+  last step's batch took to arrive (its start to its final `TrainData`): when rollout is the
+  bottleneck more training resources would only wait for data, so the rest keep rolling out (no
+  round trip at all); when training is the bottleneck the batch is there at the start (span 0) and
+  the step takes them all. (Not the group rate: rollout is throttled by the staleness budget while
+  training lags, so a rate would read a train bottleneck as a slow rollout and take fewer still.)
 * start: a partial batch starts training when ``rest_s <= switch_s + train_s(ready)``: the groups still
   missing will be complete before the ready ones are trained;
 * lend: a train-capable resource free after a step goes back to rollout when the window until the
@@ -29,11 +40,19 @@ Without estimates (the first step) both rules take the bet, i.e. behave as the f
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from scheduler_svc.decisions import Assignment, LoadWeights, TaskCompleted, TrainStepCompleted, WeightsLoaded
+from scheduler_svc.decisions import (
+    Assignment,
+    LoadWeights,
+    TaskCompleted,
+    TrainData,
+    TrainStepCompleted,
+    WeightsLoaded,
+)
 from scheduler_svc.tags import TRAIN
 
 #: completions over which the production rate is measured (a micro-batch's worth is enough to react)
@@ -69,8 +88,11 @@ class Estimates:
     tokens_per_resource_s: float | None = None
     return_s: float | None = None
     step_started: float | None = None
-    load_started: dict[str, float] = field(default_factory=dict)
+    load_started: dict[str, tuple[float, bool]] = field(default_factory=dict)  # rid -> (sent, a return)
     group_tokens: float | None = None  # mean tokens of a completed group (EWMA)
+    final_fed: tuple[float, int] | None = None  # the running step's final TrainData: (time, tokens)
+    load_s: float | None = None  # longest observed weight load (the return's prior)
+    data_span_s: float | None = None  # the last step's start to its final TrainData: its batch's arrival
 
     def group_done(self, t: float, tokens: int) -> None:
         self.done_times.append(t)
@@ -80,18 +102,33 @@ class Estimates:
         self.step_started = t
 
     def step_done(self, t: float, tokens: int, resources: int) -> None:
-        if self.step_started is None or resources < 1 or tokens <= 0 or t <= self.step_started:
+        started, final, self.step_started, self.final_fed = self.step_started, self.final_fed, None, None
+        if started is None or resources < 1 or tokens <= 0 or t <= started:
             return
-        self.tokens_per_resource_s = tokens / ((t - self.step_started) * resources)
-        self.step_started = None
+        speed = tokens / ((t - started) * resources)
+        if final is not None and t > final[0]:
+            speed = max(speed, final[1] / ((t - final[0]) * resources))
+        self.tokens_per_resource_s = speed
+        self.data_span_s = 0.0 if final is None else max(0.0, final[0] - started)
 
-    def load_sent(self, resource_id: str, t: float) -> None:
-        self.load_started[resource_id] = t
+    def load_sent(self, resource_id: str, t: float, returning: bool) -> None:
+        self.load_started[resource_id] = (t, returning)
 
     def loaded(self, resource_id: str, t: float) -> None:
         started = self.load_started.pop(resource_id, None)
-        if started is not None:
-            self.return_s = t - started
+        if started is None:
+            return
+        seconds = t - started[0]
+        if started[1]:
+            self.return_s = seconds
+        else:
+            self.load_s = seconds if self.load_s is None else max(self.load_s, seconds)
+
+    def round_trip_s(self, switch_s: float) -> float | None:
+        """Lending's cost: the return (observed, else a plain weight load plus a switch) and the switch
+        back into training."""
+        back = self.return_s if self.return_s is not None else None if self.load_s is None else self.load_s + switch_s
+        return None if back is None else back + switch_s
 
     def rate(self) -> float | None:
         """Completed groups per second lately (None: too few completions to tell)."""
@@ -118,6 +155,9 @@ class Estimates:
             "return_s": self.return_s,
             "group_tokens": self.group_tokens,
             "step_started": self.step_started,
+            "final_fed": self.final_fed,
+            "load_s": self.load_s,
+            "data_span_s": self.data_span_s,
             "load_started": dict(sorted(self.load_started.items())),
         }
 
@@ -143,11 +183,28 @@ def lend_verdict(
     first = est.seconds_for(missing_first)
     rest = est.seconds_for(missing_all)
     train = None if est.group_tokens is None else est.train_s(round(est.group_tokens * batch_groups), resources)
-    if first is None or rest is None or train is None or est.return_s is None:
+    cost = est.round_trip_s(switch_s)
+    if first is None or rest is None or train is None or cost is None:
         return Verdict(True, None, None, "lend")
     window = max(first, rest - (switch_s + train))
-    cost = est.return_s + switch_s
     return Verdict(window > cost, window, cost, "lend")
+
+
+def take_count(est: Estimates, *, capable: int, batch_groups: int) -> tuple[int, str]:
+    """How many of the `capable` train-capable resources the next step takes (the best by
+    `train_priority` first): the fewest that would have trained the last step's batch in the time
+    its data took to arrive (see the module doc), all of them without estimates."""
+    span = est.data_span_s
+    if span is None or est.group_tokens is None or est.tokens_per_resource_s is None or capable <= 1:
+        return capable, f"take {capable} of {capable}: no estimate yet, all"
+    tokens = est.group_tokens * batch_groups
+    need = tokens / (est.tokens_per_resource_s * max(span, 1e-9))
+    n = min(capable, max(1, math.ceil(need)))
+    bottleneck = "train" if n == capable else "rollout"
+    return n, (
+        f"take {n} of {capable} ({bottleneck} bound): train est {tokens / (est.tokens_per_resource_s * n):.1f}s "
+        f"on {n} vs last batch arriving over {span:.1f}s"
+    )
 
 
 def observe(est: Estimates, record: object, now: float, step_tokens: int, step_resources: int) -> None:
@@ -157,9 +214,11 @@ def observe(est: Estimates, record: object, now: float, step_tokens: int, step_r
         est.group_done(now, record.n_tokens)
     elif isinstance(record, Assignment) and record.task_kind == TRAIN:
         est.step_started_at(now)
+    elif isinstance(record, TrainData) and record.final:
+        est.final_fed = (now, sum(n for _, n in record.token_lags))
     elif isinstance(record, TrainStepCompleted):
         est.step_done(record.t, step_tokens, step_resources)
-    elif isinstance(record, LoadWeights) and record.cause in RETURN_CAUSES:
-        est.load_sent(record.resource_id, now)
+    elif isinstance(record, LoadWeights):
+        est.load_sent(record.resource_id, now, record.cause in RETURN_CAUSES)
     elif isinstance(record, WeightsLoaded):
         est.loaded(record.resource_id, record.t)

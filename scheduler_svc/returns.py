@@ -46,6 +46,10 @@ class ReturnPlanner:
     def train_fed(self) -> int | None:
         raise NotImplementedError
 
+    @property
+    def step_resources(self) -> tuple[str, ...] | None:
+        raise NotImplementedError
+
     def trainers(self) -> tuple[str, ...]:
         raise NotImplementedError
 
@@ -95,16 +99,22 @@ class ReturnPlanner:
         )
 
     def lend_idle(self, emit: Emit) -> None:
-        """Re-examine the resources kept for training: lend one once the wait turns out to pay."""
-        if not self.held or self.train_fed is not None:
+        """Re-examine the resources kept for training: lend one once the wait turns out to pay, or
+        as soon as a step started without it (it would wait out the whole step)."""
+        if not self.held:
             return
-        verdict = self._lend_verdict()
-        if verdict is None or not verdict.take:
-            return
+        running = self.step_resources
+        if running is None:
+            verdict = self._lend_verdict()
+            if verdict is None or not verdict.take:
+                return
+            reason = verdict.reason
+        else:
+            reason = f"lend: not taken by the running step ({len(running)} train)"
         for rid in sorted(self.held):
             r = self.pool.get(rid)
             if r.alive and r.assignment_id is None and r.activity == IDLE and ROLLOUT in r.capabilities:
-                self._to_rollout(emit, rid, "lend", verdict.reason)
+                self._to_rollout(emit, rid, "lend", reason)
 
     def _track_held(self, record: Record) -> None:
         if isinstance(record, TagTransition) and record.tag_kind == ACTIVITY:

@@ -63,7 +63,7 @@ from scheduler_svc.decisions import (
     WeightSyncCompleted,
     WeightSyncStarted,
 )
-from scheduler_svc.lending import Estimates, observe, start_verdict
+from scheduler_svc.lending import Estimates, observe, start_verdict, take_count
 from scheduler_svc.loader import GroupState, StreamingDataLoader
 from scheduler_svc.policies import StragglerRule, TagPolicy
 from scheduler_svc.pool import ResourcePool
@@ -127,6 +127,11 @@ class RolloutManager(ReturnPlanner):
     def train_fed(self) -> int | None:
         """Groups fed to the running step (None: no step is running)."""
         return None if self.train is None else self.train.fed
+
+    @property
+    def step_resources(self) -> tuple[str, ...] | None:
+        """Resources of the running step (None: no step is running)."""
+        return None if self.train is None else self.train.resource_ids
 
     def trainers(self) -> tuple[str, ...]:
         """Alive train-tagged resources: the SPMD set of the next train step."""
@@ -232,6 +237,8 @@ class RolloutManager(ReturnPlanner):
             return
         chosen, final = chunk
         reason = ""
+        if self.policy.adaptive:
+            trainers, reason = self._take(trainers)
         rolling = any(self.pool.get(rid).activity != IDLE for rid in trainers)
         if self.policy.adaptive and not final and rolling:  # idle trainers lose nothing by starting
             verdict = start_verdict(
@@ -243,7 +250,7 @@ class RolloutManager(ReturnPlanner):
             )
             if not verdict.take:
                 return
-            reason = verdict.reason
+            reason = f"{reason}; {verdict.reason}"
         assignment_id = self.pool.next_assignment_id()
         plan = self.pool.plan_assignment(
             TRAIN, trainers, cause="train_step", step=step, policy_version=step, reason=reason
@@ -251,6 +258,19 @@ class RolloutManager(ReturnPlanner):
         for d in plan:
             emit(d)
         self._feed(emit, assignment_id, step, chosen, final)
+
+    def _take(self, trainers: tuple[str, ...]) -> tuple[tuple[str, ...], str]:
+        """The train-capable resources the next step takes (adaptive policies, see
+        `scheduler_svc.lending.take_count`): best `train_priority` first, and among equals the ones
+        not rolling out (taking them preempts nothing)."""
+        n, reason = take_count(
+            self.estimates, capable=len(trainers), batch_groups=self.settings.train_batch_groups
+        )
+        ranked = sorted(
+            (self.pool.get(rid) for rid in trainers),
+            key=lambda r: (-r.train_priority, r.activity == ROLLOUT, r.registered_seq),
+        )
+        return tuple(r.resource_id for r in ranked[:n]), reason
 
     def feed_train(self, emit: Emit) -> None:
         """Stream further micro-batches into the running step."""

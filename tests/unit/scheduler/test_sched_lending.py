@@ -11,10 +11,11 @@ from scheduler_svc.decisions import (
     PauseRollout,
     ResumeRollout,
     TaskCompleted,
+    TrainData,
     TrainStepCompleted,
     WeightsLoaded,
 )
-from scheduler_svc.lending import Estimates, lend_verdict, observe, start_verdict
+from scheduler_svc.lending import Estimates, lend_verdict, observe, start_verdict, take_count
 from scheduler_svc.policies import spatiotemporal
 from scheduler_svc.tags import TRAIN
 
@@ -97,3 +98,46 @@ def test_a_resource_taken_back_while_loading_to_lend_drops_the_requests_queued_a
     aborts = [i for i, d in enumerate(taken) if isinstance(d, PauseRollout) and d.resource_id == "r0"]
     assert [taken[i].mode for i in aborts] == ["abort"] and aborts[0] < taken.index(train[0])
     assert not any(isinstance(d, ResumeRollout) and d.resource_id == "r0" for d in world.ack_load("r0"))
+
+
+def stepped(data_span_s: float, tokens_per_resource_s: float = 1000.0) -> Estimates:
+    """Estimates after one step on 4 resources whose batch (groups of 10,000 tokens) took
+    `data_span_s` to arrive after the step started."""
+    est = observed(2.0)
+    observe(est, Assignment("a2", "train", ("r0", "r1", "r2", "r3"), "train_step", 1, 1), 300.0, 0, 0)
+    observe(est, TrainData("a2", 1, ("g",), (0,), True, ((1, 10_000),)), 300.0 + data_span_s, 0, 0)
+    end = 300.0 + data_span_s + 10_000 / (tokens_per_resource_s * 4)
+    observe(est, TrainStepCompleted(end, "a2", 1, 2), end, 40_000, 4)
+    return est
+
+
+def test_rollout_bound_steps_take_fewer_train_resources() -> None:
+    """The last batch took 100 s to arrive; 4 groups of 10,000 tokens train in 40,000 / 1000 = 40
+    resource-seconds, so 1 resource trains them before the data is there: 3 of 4 keep rolling out."""
+    est = stepped(100.0)
+    assert est.data_span_s == pytest.approx(100.0)
+    assert est.tokens_per_resource_s == pytest.approx(1000.0)  # the tail, not the wait for data
+    n, reason = take_count(est, capable=4, batch_groups=4)
+    assert n == 1 and "rollout bound" in reason
+
+
+def test_train_bound_steps_take_all_train_resources() -> None:
+    # the whole batch was ready when the step started: training is the bottleneck, take all four
+    n, reason = take_count(stepped(0.0), capable=4, batch_groups=4)
+    assert n == 4 and "train bound" in reason
+    # a batch arriving over 15 s: 40 resource-seconds need 3 resources
+    assert take_count(stepped(15.0), capable=4, batch_groups=4)[0] == 3
+    assert take_count(Estimates(), capable=4, batch_groups=4)[0] == 4  # no estimate: the fixed policy
+
+
+def test_a_step_takes_its_resources_by_train_priority(world_factory) -> None:
+    """An adaptive step taking fewer than the train-capable set takes the best for training first
+    (roofline train_priority: an H800 before an H20), and its reason says how many and why."""
+    world = world_factory(spatiotemporal(2, adaptive=True), batch=1, samples=1, inflight_per_resource=2)
+    world.register_all(["H20", "H800", "H20"])
+    assert len(world.scheduler.rollout.trainers()) == 2
+    world.scheduler.rollout.estimates = stepped(1e6)  # rollout bound: one resource is enough
+    decisions = world.complete_group(sorted(world.inflight)[0])
+    train = [d for d in decisions if isinstance(d, Assignment) and d.task_kind == TRAIN]
+    assert [a.resource_ids for a in train] == [("r1",)]  # the H800
+    assert train[0].reason.startswith("take 1 of 2 (rollout bound)")
