@@ -93,7 +93,7 @@ class ReturnPlanner:
             self.estimates,
             missing_first=self.microbatch_groups - ready - fed,
             missing_all=self.settings.train_batch_groups - ready - fed,
-            batch_groups=self.settings.train_batch_groups,
+            ready=ready + fed,
             resources=len(self.trainers()),
             switch_s=self.settings.switch_estimate_s,
         )

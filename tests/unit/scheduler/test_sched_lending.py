@@ -45,14 +45,14 @@ def test_estimates_come_from_the_observed_records() -> None:
 
 def test_lend_when_the_idle_window_exceeds_the_cost() -> None:
     # 30 groups missing at 0.5 groups/s: 60 s until the next step; the round trip costs 7 + 4 s
-    v = lend_verdict(observed(2.0), missing_first=30, missing_all=30, batch_groups=1, resources=2, switch_s=4.0)
+    v = lend_verdict(observed(2.0), missing_first=30, missing_all=30, ready=0, resources=2, switch_s=4.0)
     assert v.take and v.benefit_s is not None and v.cost_s == pytest.approx(11.0) and v.benefit_s > v.cost_s
     assert "lend" in v.reason and "cost 11.0s" in v.reason
 
 
 def test_do_not_lend_when_the_window_is_shorter_than_the_cost() -> None:
     # 2 groups missing at 0.5 groups/s: 4 s until the next step, less than the 11 s round trip
-    v = lend_verdict(observed(2.0), missing_first=2, missing_all=2, batch_groups=1, resources=2, switch_s=4.0)
+    v = lend_verdict(observed(2.0), missing_first=2, missing_all=2, ready=0, resources=2, switch_s=4.0)
     assert not v.take and v.benefit_s is not None and v.benefit_s <= v.cost_s
 
 
@@ -60,10 +60,10 @@ def test_train_as_the_bottleneck_keeps_the_resources_for_training() -> None:
     """When training the next batch takes longer than producing the rest of it, the window a lent
     resource would roll out in vanishes: train is the bottleneck, so the resources stay taken."""
     fast_rollout = observed(0.1, tokens_per_resource_s=100.0)  # 10 groups/s; training 50 tokens/s/res
-    v = lend_verdict(fast_rollout, missing_first=0, missing_all=40, batch_groups=40, resources=2, switch_s=4.0)
+    v = lend_verdict(fast_rollout, missing_first=0, missing_all=40, ready=0, resources=2, switch_s=4.0)
     assert not v.take
     slow_rollout = observed(20.0, tokens_per_resource_s=100_000.0)
-    v = lend_verdict(slow_rollout, missing_first=0, missing_all=40, batch_groups=40, resources=2, switch_s=4.0)
+    v = lend_verdict(slow_rollout, missing_first=0, missing_all=40, ready=0, resources=2, switch_s=4.0)
     assert v.take
 
 
@@ -76,7 +76,7 @@ def test_start_on_ready_groups_only_when_the_stragglers_will_be_done_in_time() -
 
 
 def test_without_estimates_the_fixed_policy_is_kept() -> None:
-    v = lend_verdict(Estimates(), missing_first=1, missing_all=1, batch_groups=1, resources=1, switch_s=4.0)
+    v = lend_verdict(Estimates(), missing_first=1, missing_all=1, ready=0, resources=1, switch_s=4.0)
     assert v.take and "no estimate" in v.reason
     assert start_verdict(Estimates(), missing=5, ready_tokens=1, resources=1, switch_s=4.0).take
 
@@ -113,7 +113,8 @@ def stepped(data_span_s: float, tokens_per_resource_s: float = 1000.0) -> Estima
 
 def test_rollout_bound_steps_take_fewer_train_resources() -> None:
     """The last batch took 100 s to arrive; 4 groups of 10,000 tokens train in 40,000 / 1000 = 40
-    resource-seconds, so 1 resource trains them before the data is there: 3 of 4 keep rolling out."""
+    resource-seconds, so 1 resource trains them before the data is there, even with the headroom
+    (twice the need, 0.8): 3 of 4 keep rolling out."""
     est = stepped(100.0)
     assert est.data_span_s == pytest.approx(100.0)
     assert est.tokens_per_resource_s == pytest.approx(1000.0)  # the tail, not the wait for data
@@ -125,8 +126,8 @@ def test_train_bound_steps_take_all_train_resources() -> None:
     # the whole batch was ready when the step started: training is the bottleneck, take all four
     n, reason = take_count(stepped(0.0), capable=4, batch_groups=4)
     assert n == 4 and "train bound" in reason
-    # a batch arriving over 15 s: 40 resource-seconds need 3 resources
-    assert take_count(stepped(15.0), capable=4, batch_groups=4)[0] == 3
+    # a batch arriving over 30 s: 40 resource-seconds need 4/3 resources, twice that (headroom): 3
+    assert take_count(stepped(30.0), capable=4, batch_groups=4)[0] == 3
     assert take_count(Estimates(), capable=4, batch_groups=4)[0] == 4  # no estimate: the fixed policy
 
 
