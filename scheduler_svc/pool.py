@@ -184,9 +184,7 @@ class ResourcePool:
                 out.append(PauseRollout(rid, "abort", cause))
             if activity != task_kind:
                 out.append(TagTransition(rid, ACTIVITY, (activity,), (task_kind,), cause))
-        out.append(
-            Assignment(new_id, task_kind, tuple(resource_ids), cause, step, policy_version, tuple(work), reason)
-        )
+        out.append(Assignment(new_id, task_kind, tuple(resource_ids), cause, step, policy_version, tuple(work), reason))
         return out
 
     def plan_preemption(

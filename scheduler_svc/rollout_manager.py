@@ -263,9 +263,7 @@ class RolloutManager(ReturnPlanner):
         """The train-capable resources the next step takes (adaptive policies, see
         `scheduler_svc.lending.take_count`): best `train_priority` first, and among equals the ones
         not rolling out (taking them preempts nothing)."""
-        n, reason = take_count(
-            self.estimates, capable=len(trainers), batch_groups=self.settings.train_batch_groups
-        )
+        n, reason = take_count(self.estimates, capable=len(trainers), batch_groups=self.settings.train_batch_groups)
         ranked = sorted(
             (self.pool.get(rid) for rid in trainers),
             key=lambda r: (-r.train_priority, r.activity == ROLLOUT, r.registered_seq),
