@@ -57,7 +57,7 @@ class DecisionEvents:
         if isinstance(d, core_decisions.TagTransition):
             return ev.TagTransition(**self._meta(ts, d.resource_id), resource_id=d.resource_id,
                                     tag_kind=ev.TagKind(d.tag_kind), from_tags=d.from_tags, to_tags=d.to_tags,
-                                    cause=d.cause)
+                                    cause=d.cause, reason=d.reason)
         if isinstance(d, core_decisions.Assignment):
             return self._assignment(d, ts)
         if isinstance(d, core_decisions.ResourceLost):
@@ -103,7 +103,7 @@ class DecisionEvents:
         if version is None:
             loaded = self.core.pool.get(d.resource_ids[0]).weights_version
             version = self.core.version if loaded is None else loaded
-        payload = AssignmentPayload(cause=d.cause, work=d.work, run_id=self.run_id)
+        payload = AssignmentPayload(cause=d.cause, work=d.work, run_id=self.run_id, reason=d.reason)
         return ev.Assignment(**self._meta(ts, d.assignment_id), assignment_id=d.assignment_id,
                              task_kind=d.task_kind, resource_ids=d.resource_ids,
                              step=-1 if d.step is None else d.step, policy_version=version,

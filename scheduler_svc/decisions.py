@@ -120,6 +120,8 @@ class TagTransition:
     from_tags: tuple[str, ...]
     to_tags: tuple[str, ...]
     cause: str
+    #: a cost-aware decision's estimates (benefit vs cost), so an operator can replay why
+    reason: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +144,8 @@ class Assignment:
     step: int | None = None
     policy_version: int | None = None
     work: tuple[str, ...] = ()
+    #: a cost-aware decision's estimates (benefit vs cost), so an operator can replay why
+    reason: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,7 +26,10 @@ rolling out when the last step allowed to take its oldest tokens closes its batc
 Without `strict_staleness` only the dispatch budget applies, i.e. AReaL's head-only bound, and a
 straggler may be trained on later with older tokens than eta allows.
 `train_microbatches` > 1 lets a train step start on the first micro-batch and stream the rest in
-(DeepCoder-style).
+(DeepCoder-style). `adaptive` makes the train-capable resources' two bets cost-aware (see
+`scheduler_svc.lending`): a partial batch starts training only when its stragglers will be done by
+the time it is trained, and a resource free after a step is lent back to rollout only when the
+window until the next step exceeds the round trip's cost; otherwise it stays ready for training.
 
 Colocated, disaggregated and spatiotemporal multiplexing are just three tag layouts of this model.
 """
@@ -100,6 +103,7 @@ class TagPolicy:
     strict_staleness: bool = True
     straggler: str = StragglerRule.WAIT
     max_regenerations: int = 1
+    adaptive: bool = False
 
     def __post_init__(self) -> None:
         if not self.groups:
@@ -154,6 +158,7 @@ class TagPolicy:
             "strict_staleness": self.strict_staleness,
             "straggler": self.straggler,
             "max_regenerations": self.max_regenerations,
+            "adaptive": self.adaptive,
         }
 
 
@@ -195,9 +200,11 @@ def spatiotemporal(
     with_critic: bool = False,
     placement: str = Placement.TRAIN_PRIORITY,
     straggler: str = StragglerRule.WAIT,
+    adaptive: bool = False,
 ) -> TagPolicy:
     """SeamlessFlow: `train_resources` carry {rollout, train}, the rest {rollout}; all roll out, the
-    train-capable ones are preempted for each step and return to rollout after it."""
+    train-capable ones are preempted for each step and return to rollout after it (`adaptive`: only
+    when that pays, see `scheduler_svc.lending`)."""
     return TagPolicy(
         "spatiotemporal",
         (
@@ -208,4 +215,5 @@ def spatiotemporal(
         train_microbatches=train_microbatches,
         placement=placement,
         straggler=straggler,
+        adaptive=adaptive,
     )

@@ -144,6 +144,7 @@ class ResourcePool:
         step: int | None = None,
         policy_version: int | None = None,
         work: Sequence[str] = (),
+        reason: str = "",
     ) -> list[Decision]:
         """Assign one SPMD task to `resource_ids`, preempting whatever they run.
 
@@ -177,9 +178,13 @@ class ResourcePool:
             out.extend(self.plan_preemption(aid, cause=cause, by_assignment_id=new_id, keep=targets))
         for rid in resource_ids:
             activity = self.resources[rid].activity
+            if activity == WEIGHT_SYNC and self.resources[rid].assignment_id is None and task_kind != ROLLOUT:
+                # loading weights to go back to rollout: the proxy may already have queued requests
+                # there, which would wait out the whole task (a step waiting on them never ends)
+                out.append(PauseRollout(rid, "abort", cause))
             if activity != task_kind:
                 out.append(TagTransition(rid, ACTIVITY, (activity,), (task_kind,), cause))
-        out.append(Assignment(new_id, task_kind, tuple(resource_ids), cause, step, policy_version, tuple(work)))
+        out.append(Assignment(new_id, task_kind, tuple(resource_ids), cause, step, policy_version, tuple(work), reason))
         return out
 
     def plan_preemption(

@@ -45,14 +45,12 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from scheduler_svc.decisions import (
     OBSERVATION_TYPES,
     Assignment,
-    Decision,
     LoadWeights,
     PauseRollout,
     Preemption,
@@ -65,14 +63,14 @@ from scheduler_svc.decisions import (
     WeightSyncCompleted,
     WeightSyncStarted,
 )
+from scheduler_svc.lending import Estimates, observe, start_verdict, take_count
 from scheduler_svc.loader import GroupState, StreamingDataLoader
 from scheduler_svc.policies import StragglerRule, TagPolicy
 from scheduler_svc.pool import ResourcePool
+from scheduler_svc.returns import Emit, ReturnPlanner
 from scheduler_svc.settings import SchedulerSettings
-from scheduler_svc.tags import ACTIVITY, IDLE, OFFLINE, ROLLOUT, TRAIN, WEIGHT_SYNC
+from scheduler_svc.tags import ACTIVITY, IDLE, ROLLOUT, TRAIN, WEIGHT_SYNC
 from scheduler_svc.weight_syncs import WeightSyncLedger
-
-Emit = Callable[[Decision], None]
 
 
 @dataclass
@@ -97,7 +95,7 @@ class TrainState:
         }
 
 
-class RolloutManager:
+class RolloutManager(ReturnPlanner):
     def __init__(
         self, pool: ResourcePool, loader: StreamingDataLoader, policy: TagPolicy, settings: SchedulerSettings
     ) -> None:
@@ -116,12 +114,24 @@ class RolloutManager:
         self.token_lag_histogram: Counter[int] = Counter()  # lag -> generated tokens trained on
         self._cache_epoch = -1
         self._trainers: tuple[str, ...] = ()
+        self.estimates = Estimates()  # adaptive policies decide on these (scheduler_svc.lending)
+        self.held: set[str] = set()  # train-capable resources kept for training instead of lent
 
     # ---------------------------------------------------------------------------------- queries
 
     @property
     def microbatch_groups(self) -> int:
         return math.ceil(self.settings.train_batch_groups / self.policy.train_microbatches)
+
+    @property
+    def train_fed(self) -> int | None:
+        """Groups fed to the running step (None: no step is running)."""
+        return None if self.train is None else self.train.fed
+
+    @property
+    def step_resources(self) -> tuple[str, ...] | None:
+        """Resources of the running step (None: no step is running)."""
+        return None if self.train is None else self.train.resource_ids
 
     def trainers(self) -> tuple[str, ...]:
         """Alive train-tagged resources: the SPMD set of the next train step."""
@@ -226,10 +236,39 @@ class RolloutManager:
         if chunk is None:
             return
         chosen, final = chunk
+        reason = ""
+        if self.policy.adaptive:
+            trainers, reason = self._take(trainers)
+        rolling = any(self.pool.get(rid).activity != IDLE for rid in trainers)
+        if self.policy.adaptive and not final and rolling:  # idle trainers lose nothing by starting
+            verdict = start_verdict(
+                self.estimates,
+                missing=self.settings.train_batch_groups - len(chosen),
+                ready_tokens=sum(sum(g.token_versions.values()) for g in chosen),
+                resources=len(trainers),
+                switch_s=self.settings.switch_estimate_s,
+            )
+            if not verdict.take:
+                return
+            reason = f"{reason}; {verdict.reason}"
         assignment_id = self.pool.next_assignment_id()
-        for d in self.pool.plan_assignment(TRAIN, trainers, cause="train_step", step=step, policy_version=step):
+        plan = self.pool.plan_assignment(
+            TRAIN, trainers, cause="train_step", step=step, policy_version=step, reason=reason
+        )
+        for d in plan:
             emit(d)
         self._feed(emit, assignment_id, step, chosen, final)
+
+    def _take(self, trainers: tuple[str, ...]) -> tuple[tuple[str, ...], str]:
+        """The train-capable resources the next step takes (adaptive policies, see
+        `scheduler_svc.lending.take_count`): best `train_priority` first, and among equals the ones
+        not rolling out (taking them preempts nothing)."""
+        n, reason = take_count(self.estimates, capable=len(trainers), batch_groups=self.settings.train_batch_groups)
+        ranked = sorted(
+            (self.pool.get(rid) for rid in trainers),
+            key=lambda r: (-r.train_priority, r.activity == ROLLOUT, r.registered_seq),
+        )
+        return tuple(r.resource_id for r in ranked[:n]), reason
 
     def feed_train(self, emit: Emit) -> None:
         """Stream further micro-batches into the running step."""
@@ -241,26 +280,6 @@ class RolloutManager:
             return
         chosen, final = chunk
         self._feed(emit, t.assignment_id, t.step, chosen, final)
-
-    def settle(self, emit: Emit) -> None:
-        """Put free resources to work: rollout-tagged ones roll out (after loading current weights),
-        the others wait idle. This is the resume trigger for step ends, joins and recoveries."""
-        for r in list(self.pool.resources.values()):
-            if not r.alive or r.assignment_id is not None or r.activity in (WEIGHT_SYNC, OFFLINE):
-                continue
-            cause = "resource_added" if r.activity == IDLE else "train_step_done"
-            if ROLLOUT in r.capabilities:
-                if r.weights_version == self.version:
-                    for d in self.pool.plan_assignment(ROLLOUT, [r.resource_id], cause=cause):
-                        emit(d)
-                    emit(ResumeRollout(r.resource_id, self.version, cause))
-                else:
-                    sync_id = self.weight_syncs.new_sync_id()
-                    emit(WeightSyncStarted(sync_id, self.version, (r.resource_id,)))
-                    emit(TagTransition(r.resource_id, ACTIVITY, (r.activity,), (WEIGHT_SYNC,), cause))
-                    emit(LoadWeights(r.resource_id, self.version, sync_id, cause))
-            elif r.activity != IDLE:
-                emit(TagTransition(r.resource_id, ACTIVITY, (r.activity,), (IDLE,), cause))
 
     def finish_weight_syncs(self, emit: Emit) -> None:
         """Resume the members of every sync group whose loads were all acknowledged."""
@@ -300,6 +319,11 @@ class RolloutManager:
             self.now = max(self.now, t)
             if self.idle_since is None:
                 self.idle_since = t
+        if self.policy.adaptive:
+            t_state = self.train
+            tokens = 0 if t_state is None else sum(t_state.token_lags.values())
+            observe(self.estimates, record, self.now, tokens, 0 if t_state is None else len(t_state.resource_ids))
+            self._track_held(record)
         handler = _APPLY.get(type(record))
         if handler is not None:
             handler(self, record)
@@ -354,6 +378,8 @@ class RolloutManager:
             "steps_skipped": self.steps_skipped,
             "lag_histogram": dict(sorted(self.lag_histogram.items())),
             "token_lag_histogram": dict(sorted(self.token_lag_histogram.items())),
+            "estimates": self.estimates.snapshot(),
+            "held": tuple(sorted(self.held)),
         }
 
 

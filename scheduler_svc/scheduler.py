@@ -186,6 +186,7 @@ class Scheduler:
         if self.pool.structure_epoch != self._settled_epoch:
             self.rollout.settle(emit)
             self._settled_epoch = self.pool.structure_epoch
+        self.rollout.lend_idle(emit)
         self.rollout.finish_weight_syncs(emit)
         self.rollout.dispatch(emit)
 

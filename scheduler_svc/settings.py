@@ -27,6 +27,9 @@ class SchedulerSettings:
     #: A group still rolling out this long after its dispatch (some member never reported) is aborted:
     #: dispatched again within the policy's max_regenerations, else dropped (None: wait for ever).
     group_timeout_s: float | None = None
+    #: Adaptive lending (policy.adaptive): the core's prior for a resource's switch from rollout into
+    #: training, which it cannot observe (the trainer does it before its first micro-batch).
+    switch_estimate_s: float = 4.0
 
     def __post_init__(self) -> None:
         for name in ("train_batch_groups", "samples_per_task", "max_inflight_samples_per_resource"):
@@ -42,5 +45,7 @@ class SchedulerSettings:
             )
         if self.group_timeout_s is not None and not self.group_timeout_s > 0:
             raise ConfigError(f"SchedulerSettings.group_timeout_s must be > 0 or None, got {self.group_timeout_s!r}")
+        if self.switch_estimate_s < 0:
+            raise ConfigError(f"SchedulerSettings.switch_estimate_s must be >= 0, got {self.switch_estimate_s!r}")
         if self.epochs < 1:
             raise ConfigError(f"SchedulerSettings.epochs must be >= 1, got {self.epochs!r}")

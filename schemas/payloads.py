@@ -81,6 +81,9 @@ class AssignmentPayload:
     run_id: str = ""
     group_ids: tuple[str, ...] | None = None
     final: bool = True
+    #: a cost-aware decision's estimates (benefit vs cost); written only when set, so older readers
+    #: and the canonical text of assignments without one are unchanged
+    reason: str = ""
 
     WHERE = "Assignment.payload"
 
@@ -89,6 +92,8 @@ class AssignmentPayload:
             "cause": self.cause, "work": list(self.work), "run_id": self.run_id,
             "group_ids": None if self.group_ids is None else list(self.group_ids), "final": self.final,
         }
+        if self.reason:
+            data["reason"] = self.reason
         return _canonical(data, self.WHERE)
 
     @classmethod
@@ -104,6 +109,7 @@ class AssignmentPayload:
             run_id=_typed(data, "run_id", str, "", cls.WHERE),
             group_ids=_strings(data, "group_ids", cls.WHERE),
             final=_typed(data, "final", bool, True, cls.WHERE),
+            reason=_typed(data, "reason", str, "", cls.WHERE),
         )
 
 

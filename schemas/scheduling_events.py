@@ -63,6 +63,7 @@ class TagTransition(Event):
     from_tags: tuple[str, ...] = ()
     to_tags: tuple[str, ...] = ()
     cause: str
+    reason: str = ""
 
     @property
     def key(self) -> str:

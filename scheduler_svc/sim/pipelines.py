@@ -51,7 +51,7 @@ def pipeline_policy(
     elif name == Pipeline.OFFPOLICY_FILL:
         policy = disaggregated(train_resources, max_staleness=eta, train_microbatches=microbatches)
     elif name == Pipeline.SPATIOTEMPORAL:
-        policy = spatiotemporal(train_resources, max_staleness=eta)
+        policy = spatiotemporal(train_resources, max_staleness=eta, train_microbatches=microbatches, adaptive=True)
     else:
         raise ConfigError(f"unknown pipeline {name!r}; choose from {[p.value for p in Pipeline]}")
     return replace(policy, strict_staleness=strict_staleness, straggler=straggler, max_regenerations=max_regenerations)

@@ -164,3 +164,49 @@ def workload_preset(name: str, *, seed: int = 0, max_response: int | None = None
     if name == WorkloadKind.AGENTIC:
         return AgenticCoding(seed=seed, max_context=max_response or 65_536)
     raise ConfigError(f"unknown workload {name!r}; use 'math' or 'agentic'")
+
+
+@dataclass(frozen=True, slots=True)
+class ObservedLengths:
+    """Single-turn responses drawn from observed lengths (e.g. exported from a real run's analytics
+    store), so the simulator replays a cluster's own long tail instead of a parametric guess."""
+
+    lengths: tuple[int, ...]
+    name: str = "observed"
+    prompt_tokens: int = 300
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.lengths or min(self.lengths) < 1:
+            raise ConfigError(f"ObservedLengths.lengths must be non-empty positive integers, got {self.lengths[:5]!r}")
+
+    def sample(self, position: int, sample_index: int) -> SampleSpec:
+        rng = _Stream(self.seed, position, sample_index)
+        return SampleSpec(self.prompt_tokens, (Turn(self.lengths[int(rng.uniform() * len(self.lengths))]),))
+
+
+def length_distribution(spec: str, *, seed: int = 0, max_response: int | None = None) -> Workload:
+    """A workload from a CLI spec: a preset name (math, agentic), ``lognormal:MU,SIGMA`` (response
+    length e^(MU + SIGMA z), capped at `max_response`), or a file of observed lengths, one per line."""
+    if spec in tuple(WorkloadKind):
+        return workload_preset(spec, seed=seed, max_response=max_response)
+    if spec.startswith("lognormal:"):
+        try:
+            mu, sigma = (float(x) for x in spec.removeprefix("lognormal:").split(","))
+        except ValueError:
+            raise ConfigError(f"lengths {spec!r}: expected lognormal:MU,SIGMA (two numbers)") from None
+        if sigma < 0:
+            raise ConfigError(f"lengths {spec!r}: SIGMA must be >= 0")
+        return SingleTurnMath(
+            name=spec,
+            response_median=math.exp(mu),
+            response_sigma=sigma,
+            max_response=max_response or 20_000,
+            seed=seed,
+        )
+    try:
+        with open(spec, encoding="utf-8") as f:
+            lengths = tuple(int(line) for line in f if line.strip())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"lengths {spec!r}: not a preset, lognormal:MU,SIGMA or a file of integers ({e})") from e
+    return ObservedLengths(lengths, name=spec, seed=seed)

@@ -1,0 +1,126 @@
+"""Where a free resource goes: back to rollout (loading the current weights first if it has others),
+idle, or, for an adaptive policy's train-capable resource, held for the next train step when lending
+it would cost more than it brings (`scheduler_svc.lending`). The resume half of the rollout manager."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from scheduler_svc.decisions import (
+    Assignment,
+    Decision,
+    LoadWeights,
+    Record,
+    ResumeRollout,
+    TagTransition,
+    WeightSyncStarted,
+)
+from scheduler_svc.lending import LEND_DECLINED, Estimates, Verdict, lend_verdict
+from scheduler_svc.loader import StreamingDataLoader
+from scheduler_svc.policies import TagPolicy
+from scheduler_svc.pool import ResourcePool
+from scheduler_svc.settings import SchedulerSettings
+from scheduler_svc.tags import ACTIVITY, IDLE, OFFLINE, ROLLOUT, TRAIN, WEIGHT_SYNC
+from scheduler_svc.weight_syncs import WeightSyncLedger
+
+Emit = Callable[[Decision], None]
+
+
+class ReturnPlanner:
+    """Mixed into RolloutManager, whose state it reads (declared here for the type checker)."""
+
+    pool: ResourcePool
+    loader: StreamingDataLoader
+    policy: TagPolicy
+    settings: SchedulerSettings
+    version: int
+    weight_syncs: WeightSyncLedger
+    estimates: Estimates
+    held: set[str]
+
+    @property
+    def microbatch_groups(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def train_fed(self) -> int | None:
+        raise NotImplementedError
+
+    @property
+    def step_resources(self) -> tuple[str, ...] | None:
+        raise NotImplementedError
+
+    def trainers(self) -> tuple[str, ...]:
+        raise NotImplementedError
+
+    def settle(self, emit: Emit) -> None:
+        """Put free resources to work: rollout-tagged ones roll out (after loading current weights),
+        the others wait idle. This is the resume trigger for step ends, joins and recoveries."""
+        for r in list(self.pool.resources.values()):
+            if not r.alive or r.assignment_id is not None or r.activity in (WEIGHT_SYNC, OFFLINE):
+                continue
+            if r.resource_id in self.held:
+                continue  # lend_idle decides when it goes back to rollout
+            cause = "resource_added" if r.activity == IDLE else "train_step_done"
+            if ROLLOUT in r.capabilities:
+                verdict = self._lend_verdict() if cause == "train_step_done" and TRAIN in r.capabilities else None
+                if verdict is not None and not verdict.take:
+                    emit(TagTransition(r.resource_id, ACTIVITY, (r.activity,), (IDLE,), LEND_DECLINED, verdict.reason))
+                    continue
+                self._to_rollout(emit, r.resource_id, cause, "" if verdict is None else verdict.reason)
+            elif r.activity != IDLE:
+                emit(TagTransition(r.resource_id, ACTIVITY, (r.activity,), (IDLE,), cause))
+
+    def _to_rollout(self, emit: Emit, resource_id: str, cause: str, reason: str) -> None:
+        r = self.pool.get(resource_id)
+        if r.weights_version == self.version:
+            for d in self.pool.plan_assignment(ROLLOUT, [resource_id], cause=cause, reason=reason):
+                emit(d)
+            emit(ResumeRollout(resource_id, self.version, cause))
+        else:
+            sync_id = self.weight_syncs.new_sync_id()
+            emit(WeightSyncStarted(sync_id, self.version, (resource_id,)))
+            emit(TagTransition(resource_id, ACTIVITY, (r.activity,), (WEIGHT_SYNC,), cause, reason))
+            emit(LoadWeights(resource_id, self.version, sync_id, cause))
+
+    def _lend_verdict(self) -> Verdict | None:
+        """Whether a train-capable resource free now should be lent to rollout (adaptive policies)."""
+        if not self.policy.adaptive:
+            return None
+        ready = len(self.loader.ready)
+        fed = self.train_fed or 0
+        return lend_verdict(
+            self.estimates,
+            missing_first=self.microbatch_groups - ready - fed,
+            missing_all=self.settings.train_batch_groups - ready - fed,
+            ready=ready + fed,
+            resources=len(self.trainers()),
+            switch_s=self.settings.switch_estimate_s,
+        )
+
+    def lend_idle(self, emit: Emit) -> None:
+        """Re-examine the resources kept for training: lend one once the wait turns out to pay, or
+        as soon as a step started without it (it would wait out the whole step)."""
+        if not self.held:
+            return
+        running = self.step_resources
+        if running is None:
+            verdict = self._lend_verdict()
+            if verdict is None or not verdict.take:
+                return
+            reason = verdict.reason
+        else:
+            reason = f"lend: not taken by the running step ({len(running)} train)"
+        for rid in sorted(self.held):
+            r = self.pool.get(rid)
+            if r.alive and r.assignment_id is None and r.activity == IDLE and ROLLOUT in r.capabilities:
+                self._to_rollout(emit, rid, "lend", reason)
+
+    def _track_held(self, record: Record) -> None:
+        if isinstance(record, TagTransition) and record.tag_kind == ACTIVITY:
+            if record.cause == LEND_DECLINED:
+                self.held.add(record.resource_id)
+            else:
+                self.held.discard(record.resource_id)
+        elif isinstance(record, Assignment):
+            self.held.difference_update(record.resource_ids)

@@ -1,0 +1,144 @@
+"""Adaptive lending's decisions on hand-made situations: the estimates (from observed records) and
+the two rules, lend and start, each with the case that takes the bet and the one that declines it."""
+
+from __future__ import annotations
+
+import pytest
+
+from scheduler_svc.decisions import (
+    Assignment,
+    LoadWeights,
+    PauseRollout,
+    ResumeRollout,
+    TaskCompleted,
+    TrainData,
+    TrainStepCompleted,
+    WeightsLoaded,
+)
+from scheduler_svc.lending import Estimates, lend_verdict, observe, start_verdict, take_count
+from scheduler_svc.policies import spatiotemporal
+from scheduler_svc.tags import TRAIN
+
+pytestmark = pytest.mark.unit
+
+
+def observed(group_every_s: float, tokens_per_resource_s: float = 1000.0, return_s: float = 7.0) -> Estimates:
+    """Estimates as the log would build them: groups of 10,000 tokens completing every
+    `group_every_s`, a 100 s step on 2 resources, and one resource's return load."""
+    est = Estimates()
+    for i in range(10):
+        observe(est, TaskCompleted("t", f"g{i}", 4, 0, 10_000), i * group_every_s, 0, 0)
+    observe(est, Assignment("a1", "train", ("r0", "r1"), "train_step", 0, 0), 100.0, 0, 0)
+    observe(est, TrainStepCompleted(200.0, "a1", 0, 1), 200.0, round(tokens_per_resource_s * 200), 2)
+    observe(est, LoadWeights("r0", 1, "s1", "train_step_done"), 200.0, 0, 0)
+    observe(est, WeightsLoaded(200.0 + return_s, "r0", 1), 200.0 + return_s, 0, 0)
+    return est
+
+
+def test_estimates_come_from_the_observed_records() -> None:
+    est = observed(group_every_s=2.0)
+    assert est.rate() == pytest.approx(0.5)
+    assert est.tokens_per_resource_s == pytest.approx(1000.0)
+    assert est.return_s == pytest.approx(7.0)
+    assert est.train_s(4000, 2) == pytest.approx(2.0)
+
+
+def test_lend_when_the_idle_window_exceeds_the_cost() -> None:
+    # 30 groups missing at 0.5 groups/s: 60 s until the next step; the round trip costs 7 + 4 s
+    v = lend_verdict(observed(2.0), missing_first=30, missing_all=30, ready=0, resources=2, switch_s=4.0)
+    assert v.take and v.benefit_s is not None and v.cost_s == pytest.approx(11.0) and v.benefit_s > v.cost_s
+    assert "lend" in v.reason and "cost 11.0s" in v.reason
+
+
+def test_do_not_lend_when_the_window_is_shorter_than_the_cost() -> None:
+    # 2 groups missing at 0.5 groups/s: 4 s until the next step, less than the 11 s round trip
+    v = lend_verdict(observed(2.0), missing_first=2, missing_all=2, ready=0, resources=2, switch_s=4.0)
+    assert not v.take and v.benefit_s is not None and v.benefit_s <= v.cost_s
+
+
+def test_train_as_the_bottleneck_keeps_the_resources_for_training() -> None:
+    """When training the next batch takes longer than producing the rest of it, the window a lent
+    resource would roll out in vanishes: train is the bottleneck, so the resources stay taken."""
+    fast_rollout = observed(0.1, tokens_per_resource_s=100.0)  # 10 groups/s; training 50 tokens/s/res
+    v = lend_verdict(fast_rollout, missing_first=0, missing_all=40, ready=0, resources=2, switch_s=4.0)
+    assert not v.take
+    slow_rollout = observed(20.0, tokens_per_resource_s=100_000.0)
+    v = lend_verdict(slow_rollout, missing_first=0, missing_all=40, ready=0, resources=2, switch_s=4.0)
+    assert v.take
+
+
+def test_start_on_ready_groups_only_when_the_stragglers_will_be_done_in_time() -> None:
+    est = observed(2.0)
+    # ready: 100,000 tokens on 2 resources = 50 s of training; 10 missing groups need 20 s
+    assert start_verdict(est, missing=10, ready_tokens=100_000, resources=2, switch_s=4.0).take
+    # 100 missing groups need 200 s: the trainers would wait in the step, so they keep rolling out
+    assert not start_verdict(est, missing=100, ready_tokens=100_000, resources=2, switch_s=4.0).take
+
+
+def test_without_estimates_the_fixed_policy_is_kept() -> None:
+    v = lend_verdict(Estimates(), missing_first=1, missing_all=1, ready=0, resources=1, switch_s=4.0)
+    assert v.take and "no estimate" in v.reason
+    assert start_verdict(Estimates(), missing=5, ready_tokens=1, resources=1, switch_s=4.0).take
+
+
+def test_a_resource_taken_back_while_loading_to_lend_drops_the_requests_queued_at_it(world_factory) -> None:
+    """The stall of a randomized draw: a train-capable resource lent after a step is still loading
+    the new weights (the proxy already queues requests there) when the next batch is ready and the
+    step takes it back. Those requests must be aborted (sent elsewhere): left queued at a trainer,
+    their groups never complete, and a step waiting for its stragglers never ends."""
+    world = world_factory(spatiotemporal(1), batch=1, samples=1, inflight_per_resource=2)
+    world.register_all(["H800", "H800"])
+    first, second = sorted(world.inflight)
+    world.complete_group(first)
+    lent = world.finish_train()
+    assert any(isinstance(d, LoadWeights) and d.resource_id == "r0" and d.cause == "train_step_done" for d in lent)
+    taken = world.complete_group(second)  # before r0 acknowledged its load
+    train = [d for d in taken if isinstance(d, Assignment) and d.task_kind == TRAIN]
+    assert [a.resource_ids for a in train] == [("r0",)]
+    aborts = [i for i, d in enumerate(taken) if isinstance(d, PauseRollout) and d.resource_id == "r0"]
+    assert [taken[i].mode for i in aborts] == ["abort"] and aborts[0] < taken.index(train[0])
+    assert not any(isinstance(d, ResumeRollout) and d.resource_id == "r0" for d in world.ack_load("r0"))
+
+
+def stepped(data_span_s: float, tokens_per_resource_s: float = 1000.0) -> Estimates:
+    """Estimates after one step on 4 resources whose batch (groups of 10,000 tokens) took
+    `data_span_s` to arrive after the step started."""
+    est = observed(2.0)
+    observe(est, Assignment("a2", "train", ("r0", "r1", "r2", "r3"), "train_step", 1, 1), 300.0, 0, 0)
+    observe(est, TrainData("a2", 1, ("g",), (0,), True, ((1, 10_000),)), 300.0 + data_span_s, 0, 0)
+    end = 300.0 + data_span_s + 10_000 / (tokens_per_resource_s * 4)
+    observe(est, TrainStepCompleted(end, "a2", 1, 2), end, 40_000, 4)
+    return est
+
+
+def test_rollout_bound_steps_take_fewer_train_resources() -> None:
+    """The last batch took 100 s to arrive; 4 groups of 10,000 tokens train in 40,000 / 1000 = 40
+    resource-seconds, so 1 resource trains them before the data is there, even with the headroom
+    (twice the need, 0.8): 3 of 4 keep rolling out."""
+    est = stepped(100.0)
+    assert est.data_span_s == pytest.approx(100.0)
+    assert est.tokens_per_resource_s == pytest.approx(1000.0)  # the tail, not the wait for data
+    n, reason = take_count(est, capable=4, batch_groups=4)
+    assert n == 1 and "rollout bound" in reason
+
+
+def test_train_bound_steps_take_all_train_resources() -> None:
+    # the whole batch was ready when the step started: training is the bottleneck, take all four
+    n, reason = take_count(stepped(0.0), capable=4, batch_groups=4)
+    assert n == 4 and "train bound" in reason
+    # a batch arriving over 30 s: 40 resource-seconds need 4/3 resources, twice that (headroom): 3
+    assert take_count(stepped(30.0), capable=4, batch_groups=4)[0] == 3
+    assert take_count(Estimates(), capable=4, batch_groups=4)[0] == 4  # no estimate: the fixed policy
+
+
+def test_a_step_takes_its_resources_by_train_priority(world_factory) -> None:
+    """An adaptive step taking fewer than the train-capable set takes the best for training first
+    (roofline train_priority: an H800 before an H20), and its reason says how many and why."""
+    world = world_factory(spatiotemporal(2, adaptive=True), batch=1, samples=1, inflight_per_resource=2)
+    world.register_all(["H20", "H800", "H20"])
+    assert len(world.scheduler.rollout.trainers()) == 2
+    world.scheduler.rollout.estimates = stepped(1e6)  # rollout bound: one resource is enough
+    decisions = world.complete_group(sorted(world.inflight)[0])
+    train = [d for d in decisions if isinstance(d, Assignment) and d.task_kind == TRAIN]
+    assert [a.resource_ids for a in train] == [("r1",)]  # the H800
+    assert train[0].reason.startswith("take 1 of 2 (rollout bound)")
