@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from examples.calculator.agent import CalculatorAgent
 from examples.calculator.tasks import make_arithmetic_tasks, task_from_row
@@ -18,16 +17,9 @@ from infra.example import CALCULATOR, load_reference
 from infra.rollout_workers import Example, WorkerConfig
 from infra.run_config import RunConfig
 from infra.run_inputs import RunPaths, task_rows, write_tasks
+from tests.unit.infra.run_configs import BASE, DEMO, load
 
 pytestmark = pytest.mark.unit
-DEMO = Path(__file__).resolve().parents[3] / "infra" / "configs" / "demo.yaml"
-BASE: dict[str, Any] = {"inference": {"resources": [{"id": "r0"}]}}
-
-
-def load(tmp_path: Path, **sections: Any) -> RunConfig:
-    path = tmp_path / "run.yaml"
-    path.write_text(yaml.safe_dump({**BASE, **sections}))
-    return RunConfig.load(path)
 
 
 def calculator(**changes: Any) -> dict[str, Any]:

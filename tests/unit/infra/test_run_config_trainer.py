@@ -11,18 +11,11 @@ import yaml
 
 from infra.errors import InfraError
 from infra.run_config import RunConfig
+from tests.unit.infra.run_configs import DEMO, load
 from trainer_svc.__main__ import parse_config
 from trainer_svc.config import ServiceConfig
 
 pytestmark = pytest.mark.unit
-DEMO = Path(__file__).resolve().parents[3] / "infra" / "configs" / "demo.yaml"
-BASE: dict[str, Any] = {"inference": {"resources": [{"id": "r0"}]}}
-
-
-def load(tmp_path: Path, **sections: Any) -> RunConfig:
-    path = tmp_path / "run.yaml"
-    path.write_text(yaml.safe_dump({**BASE, **sections}))
-    return RunConfig.load(path)
 
 
 def service_config(tmp_path: Path, config: RunConfig) -> ServiceConfig:
