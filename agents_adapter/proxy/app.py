@@ -136,8 +136,7 @@ def _build_service(config: AdapterConfig, codec: ChatCodec | None, producer: Eve
         config.bus, producer_id=config.instance_id, delivery_timeout_ms=config.delivery_timeout_ms,
         **{"linger.ms": config.producer_linger_ms},
     )
-    recorder = Recorder(producer, ack_timeout_s=config.delivery_timeout_ms / 1000 + 1.0,
-                        retry_s=config.record_retry_s)
+    recorder = Recorder(producer, ack_timeout_s=config.delivery_timeout_ms / 1000 + 1.0)
     dispatcher = Dispatcher(routing, request_timeout_s=config.long_request_timeout_s,
                             max_segments=config.max_segments, max_connections=config.max_engine_connections,
                             avoid_grace_s=config.avoid_grace_s, max_engine_errors=config.max_engine_errors_per_call,

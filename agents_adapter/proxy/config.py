@@ -211,12 +211,9 @@ class AdapterConfig(BaseModel):
     )
     retry_after_s: int = Field(default=1, ge=1, description="Retry-After of a 429 (seconds).")
     delivery_timeout_ms: int = Field(
-        default=5000, ge=100, description="How long Kafka may take to acknowledge a call's events before a 503."
-    )
-    record_retry_s: float = Field(
-        default=30.0, ge=0, allow_inf_nan=False,
-        description="How long a call's events Kafka did not acknowledge are published again before a 503 "
-                    "(a broker failover takes seconds; 0: one attempt).",
+        default=30000, ge=100,
+        description="How long Kafka may take to acknowledge a call's events (the producer retries them "
+                    "idempotently meanwhile: a broker failover takes seconds) before a 503.",
     )
     producer_linger_ms: int = Field(default=0, ge=0, description="Producer batching delay (0: lowest latency).")
     bus: BusConfig = Field(

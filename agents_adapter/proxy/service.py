@@ -363,8 +363,7 @@ class AdapterService:
             },
             "dispatch": {"resumed_calls": self.dispatcher.resumed_calls,
                          "engine_failures": self.dispatcher.engine_failures},
-            "recording": {"events_recorded": self.recorder.recorded, "events_failed": self.recorder.failed,
-                          "events_retried": self.recorder.retried},
+            "recording": {"events_recorded": self.recorder.recorded, "events_failed": self.recorder.failed},
             "routing": self.routing.snapshot(),
             "routing_events_applied": self.routing.events_applied,
         }

@@ -82,8 +82,10 @@ def test_prometheus_scrapes_every_service_of_a_short_job(kafka_cluster: KafkaClu
             wait_for(lambda: all(t["health"] == "up" for t in server.targets()) and len(server.targets()) == 5,
                      60, "every service's target up")
             # the job's own work, as Prometheus stored it: calls served, their trajectories, a ready group
+            # (counters: a group is `ready` on the scheduler's gauge only until it is assigned, often
+            # between two scrapes)
             wait_for(lambda: _value(server, "sflow_processor_trajectories_total") > 0
-                     and _value(server, 'sflow_scheduler_groups{state="ready"}') > 0, 120, "trajectories scraped")
+                     and _value(server, "sflow_processor_batches_ready_total") > 0, 120, "trajectories scraped")
             seen["stored"] = _stored(server)
             seen["calls"] = _value(server, "sflow_proxy_calls_served_total")
             seen["tokens"] = server.query("sflow_inference_generated_tokens_total")
