@@ -358,10 +358,11 @@ class ClickHouseServerStore(AnalyticsStore):
 def held_by_another_process(path: Path) -> bool:
     """Whether a ClickHouse server holds the folder: it keeps an exclusive flock on `status` while running
     (chdb reports only a generic start-up error then)."""
-    status = path / "status"
-    if not status.exists():
+    try:
+        f = (path / "status").open("rb")
+    except FileNotFoundError:  # never held, or its holder is shutting down (it removes the file)
         return False
-    with status.open("rb") as f:
+    with f:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
