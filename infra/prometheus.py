@@ -88,6 +88,16 @@ class PrometheusServer:
             raise InfraError(f"prometheus query {promql!r} failed: {reply}")
         return list(reply["data"]["result"])
 
+    def series(self, match: str) -> list[dict[str, str]]:
+        """The label sets of every series matching `match` stored so far, stale ones included (an instant
+        query leaves out a series whose last scrape failed: Prometheus marks it stale)."""
+        import httpx
+
+        reply = httpx.get(f"{self.url}/api/v1/series", params={"match[]": match, "start": "0"}, timeout=10).json()
+        if reply.get("status") != "success":
+            raise InfraError(f"prometheus series {match!r} failed: {reply}")
+        return list(reply["data"])
+
     def targets(self) -> list[dict[str, Any]]:
         import httpx
 

@@ -56,15 +56,20 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _value(server: PrometheusServer, promql: str) -> float:
-    result = server.query(promql)
+def _latest(server: PrometheusServer, selector: str) -> list[dict[str, Any]]:
+    """The last sample of each series of `selector`: one scrape that timed out on the loaded machine
+    marks a series stale, and a plain instant query then leaves it out."""
+    return server.query(f"last_over_time({selector}[10m])")
+
+
+def _value(server: PrometheusServer, selector: str) -> float:
+    result = _latest(server, selector)
     return float(result[0]["value"][1]) if result else 0.0
 
 
 def _stored(server: PrometheusServer) -> set[tuple[str, str]]:
-    """(series name, job) of every sflow_ series Prometheus holds now."""
-    return {(r["metric"]["__name__"], r["metric"]["job"])
-            for r in server.query('group by (__name__, job) ({__name__=~"sflow_.+"})')}
+    """(series name, job) of every sflow_ series Prometheus stored."""
+    return {(labels["__name__"], labels["job"]) for labels in server.series('{__name__=~"sflow_.+"}')}
 
 
 def test_prometheus_scrapes_every_service_of_a_short_job(kafka_cluster: KafkaCluster, tmp_path: Path) -> None:
@@ -88,12 +93,12 @@ def test_prometheus_scrapes_every_service_of_a_short_job(kafka_cluster: KafkaClu
                      and _value(server, "sflow_processor_batches_ready_total") > 0, 120, "trajectories scraped")
             seen["stored"] = _stored(server)
             seen["calls"] = _value(server, "sflow_proxy_calls_served_total")
-            seen["tokens"] = server.query("sflow_inference_generated_tokens_total")
+            seen["tokens"] = _latest(server, "sflow_inference_generated_tokens_total")
             seen["trajectories"] = _value(server, "sflow_processor_trajectories_total")
             seen["lag_topics"] = {(r["metric"]["job"], r["metric"]["topic"])
-                                  for r in server.query("sflow_consumer_lag_messages")}
+                                  for r in _latest(server, "sflow_consumer_lag_messages")}
             seen["tags"] = {(r["metric"]["kind"], r["metric"]["tag"])
-                            for r in server.query('sflow_scheduler_resource_tag{resource="r0"}')}
+                            for r in _latest(server, 'sflow_scheduler_resource_tag{resource="r0"}')}
             seen["latency_count"] = _value(server, "sflow_proxy_added_latency_seconds_count")
         finally:
             server.stop()
