@@ -4,6 +4,7 @@ it would cost more than it brings (`scheduler_svc.lending`). The resume half of 
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 
 from scheduler_svc.decisions import (
@@ -26,8 +27,9 @@ from scheduler_svc.weight_syncs import WeightSyncLedger
 Emit = Callable[[Decision], None]
 
 
-class ReturnPlanner:
-    """Mixed into RolloutManager, whose state it reads (declared here for the type checker)."""
+class ReturnPlanner(ABC):
+    """The base of RolloutManager, whose state it reads (declared here; the queries below are the
+    manager's, abstract here)."""
 
     pool: ResourcePool
     loader: StreamingDataLoader
@@ -39,19 +41,23 @@ class ReturnPlanner:
     held: set[str]
 
     @property
+    @abstractmethod
     def microbatch_groups(self) -> int:
-        raise NotImplementedError
+        """See RolloutManager."""
 
     @property
+    @abstractmethod
     def train_fed(self) -> int | None:
-        raise NotImplementedError
+        """See RolloutManager."""
 
     @property
+    @abstractmethod
     def step_resources(self) -> tuple[str, ...] | None:
-        raise NotImplementedError
+        """See RolloutManager."""
 
+    @abstractmethod
     def trainers(self) -> tuple[str, ...]:
-        raise NotImplementedError
+        """See RolloutManager."""
 
     def settle(self, emit: Emit) -> None:
         """Put free resources to work: rollout-tagged ones roll out (after loading current weights),
