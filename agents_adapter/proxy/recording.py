@@ -12,6 +12,12 @@ timed-out event was stored ("possibly persisted"), and a copy would be a call re
 What remains: Kafka away longer than the timeout while one event of a call was stored leaves a
 recorded call its agent was told failed (the trajectory processor dead-letters it, naming why).
 
+After a crash the same holds for what the dead process published without learning its fate: the
+session store kept those events un-acknowledged, and `Recorder.ids_on_log` reads the log back from
+their time so that only the events Kafka does not hold yet are published again (`SessionBook.
+republish`). Republishing blindly would put a second copy of a call on `llm.calls` whenever the
+crash fell between Kafka's acknowledgement and the store's note of it.
+
 Session events have deterministic ids (uuid5 of the session), so a SessionStarted sent again after
 the session cache forgot a session, or a repeated SessionEnded, is one event to deduplicating consumers.
 An LLMCall's event id is its call id.
@@ -30,11 +36,17 @@ from agents_adapter.proxy.session_cache import SessionState
 from agents_adapter.proxy.stitching import StitchedCall
 from bus.errors import BusError
 from bus.producer import EventProducer
+from bus.replay import ReplayRange, replay
+from bus.topics import topic_of
 from schemas.events import Event, LLMCall, SessionEnded, SessionStarted, SessionStatus
 from schemas.packed import Float32s, Int32s
 
 logger = logging.getLogger(__name__)
 SESSION_NAMESPACE: Final = uuid.UUID("0d6b6c1e-9a43-5f7e-8a53-2b1f2c0e7a11")
+# How far before an event's own time its message may carry a timestamp: the producer stamps it after
+# the event was built (on the same clock), a broker with LogAppendTime stamps it later still; the margin
+# only covers clock skew between this host and the brokers.
+LOG_LOOKBACK_MS: Final = 60_000
 
 
 def session_event_id(kind: str, session_id: str) -> str:
@@ -98,6 +110,21 @@ class Recorder:
         finally:
             self.awaiting -= len(events)
         self.recorded += len(events)
+
+    async def ids_on_log(self, events: Sequence[Event]) -> set[str]:
+        """The ids of those of `events` that their topics already hold (read back from the events' time).
+
+        Raises `RecordingError` when the log cannot be read: publishing without knowing could double a call."""
+        if not events:
+            return set()
+        topics = sorted({topic_of(type(e)).name for e in events})
+        since = min(e.ts_ms for e in events) - LOG_LOOKBACK_MS
+        wanted = {e.event_id for e in events}
+        try:
+            read = await asyncio.to_thread(replay, self.producer.config, topics, ReplayRange(start_ms=since))
+        except BusError as e:
+            raise RecordingError(f"the log could not be read back to find what a crash left published: {e}") from e
+        return {r.event.event_id for r in read.events} & wanted
 
     def close(self, timeout_s: float = 5.0) -> None:
         try:

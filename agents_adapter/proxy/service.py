@@ -214,8 +214,7 @@ class AdapterService:
     async def _replay(self, ctx: CallContext, state: SessionState, prompts: Sequence[BuiltPrompt],
                       stored: list[StoredCall], finish: _Finish) -> tuple[list[BuiltPrompt], list[Reply]]:
         if not all(c.acked for c in stored):
-            await self.book.republish(state, ctx.request_key,
-                                  [c.event for c in self.book.store.calls(ctx.session_id, ctx.request_key)])
+            await self.book.republish(state, ctx.request_key)
         self.requests_replayed += 1
         served, replies = [], []
         for built, kept in zip(prompts, stored, strict=True):
@@ -310,19 +309,21 @@ class AdapterService:
         key = ctx.request_key or f"auto-{uuid.uuid4().hex}"
         state.calls_served += len(replies)
         state.drift_calls += drifted
-        try:
-            self.book.store.begin_calls(state, key, events, [None] * (len(events) - len(replies)) + list(entries))
-        except BaseException:
-            self._unserved(state, first_turn, len(replies), drifted)
-            raise
-        try:
-            await self.recorder.record(events)
-        except BaseException:
-            self._unserved(state, first_turn, len(replies), drifted)
-            self.book.store.abandon_calls(state, key)
-            raise
-        state.started_recorded = True
-        self.book.store.acked(state, key, self.config.calls_cached_per_session)
+        async with self.book.publishing(state.session_id, key):
+            try:
+                self.book.store.begin_calls(state, key, events,
+                                            [None] * (len(events) - len(replies)) + list(entries))
+            except BaseException:
+                self._unserved(state, first_turn, len(replies), drifted)
+                raise
+            try:
+                await self.recorder.record(events)
+            except BaseException:
+                self._unserved(state, first_turn, len(replies), drifted)
+                self.book.store.abandon_calls(state, key)
+                raise
+            state.started_recorded = True
+            self.book.store.acked(state, key, self.config.calls_cached_per_session)
         self.drift_by_agent[ctx.agent_id] += drifted
         self.calls_by_agent[ctx.agent_id] += len(replies)
         self.calls_served += len(replies)
@@ -360,6 +361,7 @@ class AdapterService:
             "idempotency": {
                 "requests_replayed": self.requests_replayed,
                 "events_republished": book.events_republished,
+                "events_found_on_log": book.events_found_on_log,
             },
             "dispatch": {"resumed_calls": self.dispatcher.resumed_calls,
                          "engine_failures": self.dispatcher.engine_failures},

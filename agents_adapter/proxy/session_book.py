@@ -24,7 +24,7 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Hashable, Iterator, Sequence
+from collections.abc import AsyncIterator, Hashable, Iterator
 from typing import Any
 
 from agents_adapter.errors import (
@@ -40,7 +40,7 @@ from agents_adapter.proxy.routing import RoutingTable
 from agents_adapter.proxy.session_cache import SessionCache, SessionState
 from agents_adapter.proxy.session_store import SessionStore
 from agents_adapter.proxy.tito import TitoBuilder
-from schemas.events import Event, LLMCall, SessionStarted, SessionStatus
+from schemas.events import LLMCall, SessionStarted, SessionStatus
 
 logger = logging.getLogger(__name__)
 _END_WAIT_POLL_S = 0.05
@@ -64,6 +64,9 @@ class KeyedLocks:
             if users[0] == 0:
                 del self._locks[key]
 
+    def held(self, key: Hashable) -> bool:
+        return key in self._locks
+
 
 class SessionBook:
     """Sessions from the cache or the store, their owners and phases, and their ends (see the module doc)."""
@@ -76,12 +79,14 @@ class SessionBook:
         self.sessions = SessionCache(config.session_cache_size, config.session_ttl_s, on_evict=self._evicted)
         self.store = SessionStore(config.session_store_path)
         self._closing = KeyedLocks()  # session: one /end or /reward at a time
+        self._records = KeyedLocks()  # (session, request key): one publication of a record at a time
         self._live: Counter[str] = Counter()  # requests in flight per session (an end waits for them)
         self.draining = False
         self.inflight = 0
         self.open_sessions_evicted = 0
         self.sessions_restored = 0
         self.events_republished = 0
+        self.events_found_on_log = 0  # left unacknowledged by a crash, but Kafka had stored them
 
     # ----- finding a session
 
@@ -146,12 +151,31 @@ class SessionBook:
             if self._live[session_id] == 0:
                 del self._live[session_id]
 
-    async def republish(self, state: SessionState, request_key: str, events: Sequence[Event]) -> None:
-        """Events stored before a crash, maybe never acknowledged: published again (same ids: one copy)."""
-        await self.recorder.record(events)
-        state.started_recorded = state.started_recorded or any(isinstance(e, SessionStarted) for e in events)
-        self.store.acked(state, request_key, self.config.calls_cached_per_session)
-        self.events_republished += len(events)
+    @contextlib.asynccontextmanager
+    async def publishing(self, session_id: str, request_key: str) -> AsyncIterator[None]:
+        """Held while a request's events are stored, published and acknowledged, so that `republish`
+        (recovery, a retried request) never publishes a record whose first publication is under way."""
+        async with self._records.hold((session_id, request_key)):
+            yield
+
+    async def republish(self, state: SessionState, request_key: str, on_log: set[str] | None = None) -> None:
+        """A request's events a crash left unacknowledged: those the log does not hold are published.
+
+        `on_log` is what the log held when recovery began (event ids; read now when not given). The
+        dead process may have had them stored without learning it, and publishing them again would be a
+        second copy on the log (same ids, but every reader of the raw log would see two calls)."""
+        async with self.publishing(state.session_id, request_key):
+            left = [c.event for c in self.store.calls(state.session_id, request_key) if not c.acked]
+            if not left:
+                return  # acknowledged or abandoned meanwhile by the request that published them
+            held = await self.recorder.ids_on_log(left) if on_log is None else on_log
+            missing = [e for e in left if e.event_id not in held]
+            if missing:
+                await self.recorder.record(missing)
+            state.started_recorded = state.started_recorded or any(isinstance(e, SessionStarted) for e in left)
+            self.store.acked(state, request_key, self.config.calls_cached_per_session)
+            self.events_republished += len(missing)
+            self.events_found_on_log += len(left) - len(missing)
 
     # ----- session ends and rewards
 
@@ -231,13 +255,15 @@ class SessionBook:
     async def _finish_close(self, state: SessionState) -> None:
         """A close a crash interrupted: its calls and its SessionEnded are published now (it stays
         `ending` if Kafka refuses, for the next try)."""
-        for (session_id, key), events in self.store.unacked().items():
+        for session_id, key in self.store.unacked():
             if session_id == state.session_id:
-                await self.republish(state, key, events)
+                await self.republish(state, key)
         record = self.store.unfinished_close(state.session_id)
         stored = record.request if record is not None else {"reward": 0.0, "status": None, "chosen_status": "failed"}
         reward, status = float(stored.get("reward") or 0.0), SessionStatus(str(stored.get("chosen_status") or "failed"))
-        await self.recorder.record([session_ended(state, reward, status, self.config.instance_id)])
+        end = session_ended(state, reward, status, self.config.instance_id)
+        if not await self.recorder.ids_on_log([end]):  # the crash may have come after Kafka stored it
+            await self.recorder.record([end])
         self._ended(state, record.via if record is not None else "end", stored, reward, status)
         logger.info("session end interrupted by a restart finished", extra={"session": state.session_id})
 
@@ -256,11 +282,12 @@ class SessionBook:
 
     async def recover(self) -> None:
         """Publishes what a crash left unacknowledged (calls, then interrupted ends). Safe to call again."""
-        for (session_id, key), events in self.store.unacked().items():
+        left = {record: events for record, events in self.store.unacked().items() if not self._records.held(record)}
+        on_log = await self.recorder.ids_on_log([e for events in left.values() for e in events]) if left else set()
+        for session_id, key in left:
             state = self.cached(session_id)
-            if state is None:
-                continue
-            await self.republish(state, key, events)
+            if state is not None:
+                await self.republish(state, key, on_log)
         for session_id in self.store.session_ids(("ending",)):
             async with self._closing.hold(session_id):
                 state = self.cached(session_id)

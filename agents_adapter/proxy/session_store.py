@@ -11,7 +11,7 @@ forgets (LRU, TTL, a restart) is kept here, and the cache is only a cache of it:
   request's idempotency key (`Idempotency-Key` header, else a fresh one), with what token-in/token-out
   needs to rebuild the session's prompt cache (`tito`). They are written *before* Kafka is asked to
   store them and marked `acked` after it did: a crash in between leaves them un-acked, and the proxy
-  publishes them again when it is back (`unacked`; same event ids, so consumers keep one copy). So the
+  publishes those the log does not hold when it is back (`unacked`; `SessionBook.republish`). So the
   counters never lag behind the log (a low `num_calls` makes the trajectory processor drop later calls
   as late), and a retried request (same key) gets the calls it already got, never a second copy.
   A session keeps its last `calls_cached_per_session` of them; all are deleted when it ends. The
