@@ -365,7 +365,8 @@ class AdapterService:
             },
             "dispatch": {"resumed_calls": self.dispatcher.resumed_calls,
                          "engine_failures": self.dispatcher.engine_failures},
-            "recording": {"events_recorded": self.recorder.recorded, "events_failed": self.recorder.failed},
+            "recording": {"events_recorded": self.recorder.recorded, "events_failed": self.recorder.failed,
+                          "events_awaiting_ack": self.recorder.awaiting},
             "routing": self.routing.snapshot(),
             "routing_events_applied": self.routing.events_applied,
         }
