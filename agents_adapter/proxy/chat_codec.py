@@ -65,6 +65,7 @@ class ChatCodec:
         self._anchor_head: str | None = None
         self._anchor_prompt: str | None = None
         self.convention = self._probe()
+        self.tool_call_style = self._tool_call_style()
         self._close_prefixes = {
             tok: self.convention.turn_close[len(text) :]
             for tok in self.eos_token_ids
@@ -202,6 +203,14 @@ class ChatCodec:
                     f"(tools={'yes' if tools else 'no'}): no token-in/token-out with it"
                 )
         return convention
+
+    def _tool_call_style(self) -> str:
+        """How the template writes an assistant's tool call, hence how replies are parsed (`outputs`):
+        "json" when the call is the bare `{"name": ..., "parameters": ...}` of Llama 3, else "hermes"."""
+        rendered = self.render([{"role": "user", "content": _PROBE_USER},
+                                {"role": "assistant", "content": "", "tool_calls": [_PROBE_CALL]}], _PROBE_TOOLS,
+                               add_generation_prompt=False)
+        return "json" if '{"name": "probe_tool", "parameters"' in rendered else "hermes"
 
     @staticmethod
     def _strip_prefix(text: str, prefix: str, problem: str) -> str:

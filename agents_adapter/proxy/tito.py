@@ -23,7 +23,7 @@ Every prompt that follows served calls is classified when it is built (`BuiltPro
 `continuation` (served ids + suffix, and the template renders the reply it extends exactly as the
 model wrote it), `realigned` (served ids + suffix, but re-rendering the history would have changed
 that reply's text: a think block Qwen3 drops, a call written with other spacing, a Llama 3 reply
-trimmed, bytes that are not UTF-8, a reply cut by max_tokens; the served ids are kept, nothing forks,
+trimmed, bytes that are not UTF-8; the served ids are kept, nothing forks,
 and the count shows what re-tokenizing would have cost) or `fork` (edited history, `drift`). A prompt
 with nothing served before it has no class ("").
 
