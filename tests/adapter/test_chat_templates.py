@@ -130,9 +130,10 @@ def test_bpe_training_is_the_same_in_another_process() -> None:
     assert other.stdout.strip() == here
 
 
-def test_a_bpe_qwen3_model_folder_loads_in_the_proxy_as_in_transformers(tmp_path: Path) -> None:
+@pytest.mark.parametrize("template", ["qwen3", "llama3"])
+def test_a_bpe_model_folder_loads_in_the_proxy_as_in_transformers(tmp_path: Path, template: str) -> None:
     spec = DefaultModelSpec(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                            num_key_value_heads=1, head_dim=16, tokenizer="bpe", chat_template="qwen3")
+                            num_key_value_heads=1, head_dim=16, tokenizer="bpe", chat_template=template)
     model_dir = create_default_model(tmp_path / "model", spec)
     from transformers import AutoTokenizer
 
@@ -142,7 +143,8 @@ def test_a_bpe_qwen3_model_folder_loads_in_the_proxy_as_in_transformers(tmp_path
     assert files.apply_chat_template(SESSION, tools=[TOOL]) == text
     codec = ChatCodec.from_model_dir(model_dir)
     assert codec.encode(text) == reference.encode(text, add_special_tokens=False)
-    assert codec.eos_token_ids == {reference.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")}
+    assert codec.eos_token_ids == {reference.convert_tokens_to_ids(t) for t in TEMPLATES[template].stop}
+    assert codec.tool_call_style == ("json" if template == "llama3" else "hermes")
     assert json.loads((model_dir / "config.json").read_text())["vocab_size"] == len(reference)
 
 
