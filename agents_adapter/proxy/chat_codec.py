@@ -156,12 +156,17 @@ class ChatCodec:
     def renders_as_served(self, reply: Message, served: str, following: Sequence[Message]) -> bool:
         """Whether the template, rendering `reply` and the messages `following` it as history, writes
         `served` (the reply's text as the model wrote it, then glue and the rendered tail): if not,
-        re-tokenizing the conversation would change the reply (tito's `realigned`)."""
+        re-tokenizing the conversation would change the reply (tito's `realigned`). A template that
+        refuses the reply as history (Llama 3: one tool call per turn) does not render it as served;
+        the call is still served, from its ids."""
         anchor = [{"role": "user", "content": _PROBE_USER}]
         head = self._anchor_prompt
         if head is None:
             head = self._anchor_prompt = self.render(anchor)
-        return self.render([*anchor, reply, *following]) == head + served
+        try:
+            return self.render([*anchor, reply, *following]) == head + served
+        except TemplateError:
+            return False
 
     # ----- probe
 

@@ -99,6 +99,26 @@ def test_each_format_passes_the_token_in_token_out_probe(tokenizers: dict[str, A
     assert codec.render_tail([{"role": "tool", "content": "5"}]).count("system") == 0
 
 
+def test_a_reply_the_template_refuses_as_history_is_served_from_its_ids_and_realigned(
+        tokenizers: dict[str, Any]) -> None:
+    from agents_adapter.proxy.session_cache import SessionState
+    from agents_adapter.proxy.tito import REALIGNED, TitoBuilder
+
+    tokenizer = tokenizers["llama3"]
+    codec = ChatCodec(tokenizer, [tokenizer.convert_tokens_to_ids(t) for t in TEMPLATES["llama3"].stop])
+    builder, state = TitoBuilder(codec, 8), SessionState("s", "a")
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "2+3?"}]
+    first = builder.chat_prompt(state, messages, [TOOL])
+    output = [*codec.encode("two calls"), tokenizer.eos_token_id]
+    served = {"role": "assistant", "content": None, "tool_calls": [CALL, {**CALL, "id": "call_2"}]}
+    builder.remember_chat(state, first, served, "c0", output)
+    state.calls_served = 1
+    messages += [served, {"role": "tool", "content": "5"}, {"role": "tool", "content": "5"}]
+    second = builder.chat_prompt(state, messages, [TOOL])  # Llama 3's template raises on two calls in a turn
+    assert second.ids[: len(first.ids) + len(output)] == first.ids + output
+    assert (second.drift, second.drift_class, second.parent_call_id) == (False, REALIGNED, "c0")
+
+
 def test_llama3_tool_calls_are_parsed_from_the_bare_json_reply() -> None:
     parsed = parse_tool_calls('<|python_tag|>{"name": "calculator", "parameters": {"expression": "1+1"}}', "json")
     assert parsed is not None and parsed[0] == ""
