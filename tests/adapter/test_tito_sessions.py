@@ -157,7 +157,7 @@ def _session(codec: ChatCodec, template: str, data: Any) -> None:
 
 
 @pytest.mark.parametrize("template", sorted(TEMPLATES))
-@settings(max_examples=60, deadline=None, derandomize=True, database=None)
+@settings(max_examples=100, deadline=None, derandomize=True, database=None)
 @given(data=st.data())
 def test_sessions_keep_exact_ids_and_class_every_drift(codecs: dict[str, ChatCodec], template: str,
                                                        data: Any) -> None:
