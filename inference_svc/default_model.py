@@ -2,8 +2,11 @@
 
 Nothing is downloaded: the tokenizer is built here with the `tokenizers` library (every UTF-8 byte is
 one token, so any text round-trips and token ids are stable across machines), and the weights are a
-seeded random init. `python -m inference_svc.default_model --out DIR` writes a normal Hugging Face
-directory that `AutoTokenizer` / `AutoModelForCausalLM.from_pretrained(DIR)` load offline.
+seeded random init. `DefaultModelSpec.tokenizer="bpe"` gives it a byte-level BPE trained here instead
+(`bpe_tokenizer`), and `chat_template` one of the formats real checkpoints ship ("qwen3", "llama3",
+with their special tokens) instead of the project's compact ChatML. `python -m inference_svc.default_model
+--out DIR` writes a normal Hugging Face directory that `AutoTokenizer` /
+`AutoModelForCausalLM.from_pretrained(DIR)` load offline.
 """
 
 from __future__ import annotations
@@ -12,12 +15,14 @@ import argparse
 import json
 import shutil
 from dataclasses import asdict, dataclass
+from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from inference_svc import bpe_tokenizer
 from schemas.inference.byte_level import bytes_to_unicode
 
 IM_START = "<|im_start|>"
@@ -27,6 +32,28 @@ PAD = "<|pad|>"
 TOOL_MARKERS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>")
 SPECIAL_TOKENS = (END_OF_TEXT, IM_START, IM_END, PAD, *TOOL_MARKERS)
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
+TOKENIZERS = ("byte", "bpe")
+
+
+@dataclass(frozen=True)
+class TemplateFamily:
+    """A chat format and the special tokens its template writes; `stop`: the tokens that end a reply."""
+
+    file: str
+    special_tokens: tuple[str, ...]
+    eos: str
+    stop: tuple[str, ...]
+    bos: str | None = None
+
+
+LLAMA3_SPECIAL_TOKENS = ("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
+                         "<|eot_id|>", "<|eom_id|>", "<|python_tag|>", PAD)
+TEMPLATES = {
+    "chatml": TemplateFamily(CHAT_TEMPLATE_FILE, SPECIAL_TOKENS, IM_END, (IM_END, END_OF_TEXT)),
+    "qwen3": TemplateFamily("chat_template_qwen3.jinja", SPECIAL_TOKENS, IM_END, (IM_END, END_OF_TEXT)),
+    "llama3": TemplateFamily("chat_template_llama3.jinja", LLAMA3_SPECIAL_TOKENS, "<|eot_id|>",
+                             ("<|eot_id|>", "<|eom_id|>", "<|end_of_text|>"), bos="<|begin_of_text|>"),
+}
 
 
 @dataclass(frozen=True)
@@ -44,32 +71,65 @@ class DefaultModelSpec:
     seed: int = 0
     vocab_size: int = 0  # embedding rows; 0: the tokenizer's size. Real checkpoints pad theirs (Qwen3: 151,936
     # rows for 151,669 tokens): a larger value gives the model a real model's output width (bench/gpu_smoke.py)
+    tokenizer: str = "byte"  # "byte": one token per UTF-8 byte; "bpe": a byte-level BPE trained at creation
+    chat_template: str = "chatml"  # "chatml" (the project's), "qwen3" or "llama3" (those checkpoints' formats)
+    bpe_vocab_size: int = 4096  # tokens of the "bpe" tokenizer, the 256 bytes included, special tokens not
+
+    def __post_init__(self) -> None:
+        if self.tokenizer not in TOKENIZERS:
+            raise ValueError(f"tokenizer={self.tokenizer!r}: expected one of {list(TOKENIZERS)}")
+        if self.chat_template not in TEMPLATES:
+            raise ValueError(f"chat_template={self.chat_template!r}: expected one of {sorted(TEMPLATES)}")
+        if self.bpe_vocab_size <= 256:
+            raise ValueError(f"bpe_vocab_size={self.bpe_vocab_size}: must be above the 256 byte tokens")
 
 
-def chat_template() -> str:
-    """The ChatML template shipped in this package."""
-    return resources.files("inference_svc").joinpath(CHAT_TEMPLATE_FILE).read_text(encoding="utf-8")
+def chat_template(name: str = "chatml") -> str:
+    """A chat template shipped in this package (`TEMPLATES`)."""
+    return resources.files("inference_svc").joinpath(TEMPLATES[name].file).read_text(encoding="utf-8")
 
 
-def build_tokenizer() -> Any:
-    """Byte-level tokenizer (a PreTrainedTokenizerFast): ids 0..255 are bytes, then the special tokens."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+def build_tokenizer(kind: str = "byte", template: str = "chatml", bpe_vocab_size: int = 4096) -> Any:
+    """The model's tokenizer (a PreTrainedTokenizerFast): ids 0..255 are bytes, then the BPE merges
+    (`kind="bpe"`), then the template's special tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    family = TEMPLATES[template]
+    if kind == "byte":
+        backend = Tokenizer(models.BPE(vocab={char: byte for byte, char in bytes_to_unicode().items()}, merges=[]))
+        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+        backend.decoder = decoders.ByteLevel()
+    else:
+        backend = bpe_tokenizer.bpe_backend(_bpe_merges(template, bpe_vocab_size))
+    return _with_specials(backend, family, template)
+
+
+@cache
+def _bpe_merges(template: str, bpe_vocab_size: int) -> tuple[tuple[str, str], ...]:
+    """Trained once per process (~1 s, most of it rendering the corpus): a test session makes many models."""
+    byte_level = build_tokenizer("byte", template)
+    texts = bpe_tokenizer.corpus(
+        lambda messages, tools: str(byte_level.apply_chat_template(messages, tools=tools, tokenize=False)),
+        TEMPLATES[template].special_tokens)
+    return tuple(bpe_tokenizer.train_merges(texts, bpe_vocab_size))
+
+
+def _with_specials(backend: Any, family: TemplateFamily, template: str) -> Any:
+    from tokenizers import AddedToken
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {char: byte for byte, char in bytes_to_unicode().items()}
-    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    backend.decoder = decoders.ByteLevel()
-    backend.add_special_tokens([AddedToken(tok, special=True, normalized=False) for tok in SPECIAL_TOKENS])
+    backend.add_special_tokens([AddedToken(tok, special=True, normalized=False) for tok in family.special_tokens])
+    named = {family.eos, PAD, *([family.bos] if family.bos else [])}
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend,
-        eos_token=IM_END,
+        eos_token=family.eos,
         pad_token=PAD,
-        additional_special_tokens=[END_OF_TEXT, IM_START, *TOOL_MARKERS],
+        **({"bos_token": family.bos} if family.bos else {}),
+        additional_special_tokens=[t for t in family.special_tokens if t not in named],
         clean_up_tokenization_spaces=False,
         model_max_length=DefaultModelSpec.max_position_embeddings,
     )
-    tokenizer.chat_template = chat_template()
+    tokenizer.chat_template = chat_template(template)
     return tokenizer
 
 
@@ -79,8 +139,8 @@ def create_default_model(out_dir: Path, spec: DefaultModelSpec | None = None) ->
 
     spec = spec or DefaultModelSpec()
     out_dir.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer()
-    eos_ids = [tokenizer.convert_tokens_to_ids(IM_END), tokenizer.convert_tokens_to_ids(END_OF_TEXT)]
+    tokenizer = build_tokenizer(spec.tokenizer, spec.chat_template, spec.bpe_vocab_size)
+    eos_ids = [tokenizer.convert_tokens_to_ids(token) for token in TEMPLATES[spec.chat_template].stop]
     if 0 < spec.vocab_size < len(tokenizer):
         raise ValueError(f"vocab_size={spec.vocab_size} is below the tokenizer's {len(tokenizer)} tokens")
     config = Qwen3Config(

@@ -28,6 +28,13 @@ class KafkaSection(_Strict):
 class ModelSection(_Strict):
     warmup_tasks: int = Field(default=2048, ge=1, description="Demonstrations the example's `warmup` writes.")
     warmup_steps: int = Field(default=1200, ge=0, description="Warm-up optimizer steps (0: start from random).")
+    tokenizer: Literal["byte", "bpe"] = Field(
+        default="byte", description="The default model's tokenizer: one token per UTF-8 byte, or a byte-level BPE "
+        "of a few thousand tokens trained when the model is created (inference_svc.bpe_tokenizer).")
+    chat_template: Literal["chatml", "qwen3", "llama3"] = Field(
+        default="chatml", description="The default model's chat format: the project's compact ChatML, or Qwen3's "
+        "(think blocks, <tool_call>) or Llama 3.1's (JSON tool calls, ipython turns), with their special tokens.")
+    bpe_vocab_size: int = Field(default=4096, gt=256, description="Tokens of the `bpe` tokenizer (bytes included).")
 
 
 class TasksSection(_Strict):

@@ -72,7 +72,7 @@ def _demonstrations(config: RunConfig) -> Demonstrations:
 
 def prepare_model(config: RunConfig, paths: RunPaths) -> Path:
     """Base model + supervised warm-up, cached by its settings under var/cache (a re-run is instant)."""
-    from inference_svc.default_model import create_default_model
+    from inference_svc.default_model import DefaultModelSpec, create_default_model
     from trainer_svc.warmup import supervised_warmup
 
     key = hashlib.sha256(json.dumps(
@@ -80,7 +80,9 @@ def prepare_model(config: RunConfig, paths: RunPaths) -> Path:
     ).hexdigest()[:12]
     cached = stack.VAR_DIR / "cache" / f"warm-{key}"
     if not (cached / "model.safetensors").exists():
-        base = create_default_model(stack.VAR_DIR / "cache" / f"base-{key}")
+        spec = DefaultModelSpec(tokenizer=config.model.tokenizer, chat_template=config.model.chat_template,
+                                bpe_vocab_size=config.model.bpe_vocab_size)
+        base = create_default_model(stack.VAR_DIR / "cache" / f"base-{key}", spec)
         if config.model.warmup_steps:
             data = _demonstrations(config)
             with Progress(TextColumn("warm-up (supervised, cached after the first run)"), BarColumn(),

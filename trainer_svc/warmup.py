@@ -108,12 +108,20 @@ def to_example(tokenizer: Any, messages: Conversation, tools: Sequence[dict[str,
             continue
         start = len(_render(tokenizer, messages[:i], tools, gen=True))
         upto = full if i == len(messages) - 1 else _render(tokenizer, messages[: i + 1], tools, gen=False)
-        end = len(upto)
-        if full[:end] != upto:
-            raise TrainerError("chat template is not prefix-stable: cannot locate assistant tokens")
+        end = len(upto) if full[: len(upto)] == upto else _turn_end(tokenizer, full, start)
         for k in range(start, end):
             mask[k] = 1
     return Example(full, mask)
+
+
+def _turn_end(tokenizer: Any, full: Sequence[int], start: int) -> int:
+    """Where the assistant turn that starts at `start` ends (its end-of-turn token included), for
+    templates that render a turn otherwise when it is the last one (Qwen3 gives the last assistant turn
+    an empty think block): the conversation up to that turn is then no prefix of the whole."""
+    eos = tokenizer.eos_token_id
+    if eos is None or eos not in full[start:]:
+        raise TrainerError("chat template is not prefix-stable: cannot locate assistant tokens")
+    return full.index(eos, start) + 1
 
 
 def learning_rate_factor(step: int, steps: int, warmup_fraction: float = 0.1, floor: float = 0.1) -> float:

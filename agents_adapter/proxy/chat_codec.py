@@ -62,7 +62,10 @@ class ChatCodec:
         self._backend = getattr(tokenizer, "backend_tokenizer", None)
         self.eos_token_ids = frozenset(int(i) for i in eos_token_ids)
         self.vocab_size = len(tokenizer)
+        self._anchor_head: str | None = None
+        self._anchor_prompt: str | None = None
         self.convention = self._probe()
+        self.tool_call_style = self._tool_call_style()
         self._close_prefixes = {
             tok: self.convention.turn_close[len(text) :]
             for tok in self.eos_token_ids
@@ -137,17 +140,33 @@ class ChatCodec:
     def render_tail(self, messages: Sequence[Message]) -> str:
         """The new messages of an extended conversation, rendered alone, with the generation prompt.
 
-        A leading system message is rendered after a throw-away user turn: templates treat a system
-        message at position 0 as the conversation header (tools block), which it is not here.
+        They are rendered after a throw-away user turn, which is then cut off: templates write a
+        conversation header before the first message (Llama 3: <|begin_of_text|> and a dated system
+        turn; a system message at position 0 becomes the tools block), which a tail does not have.
         """
-        if messages and messages[0].get("role") == "system":
-            anchor = [{"role": "user", "content": _PROBE_USER}]
-            head = self.render(anchor, add_generation_prompt=False)
-            full = self.render([*anchor, *messages])
-            if not full.startswith(head):
-                raise TemplateError("the chat template renders a system message differently after a user turn")
-            return full[len(head) :]
-        return self.render(messages)
+        anchor = [{"role": "user", "content": _PROBE_USER}]
+        head = self._anchor_head
+        if head is None:
+            head = self._anchor_head = self.render(anchor, add_generation_prompt=False)
+        full = self.render([*anchor, *messages])
+        if not full.startswith(head):
+            raise TemplateError("the chat template renders a user turn differently when messages follow it")
+        return full[len(head) :]
+
+    def renders_as_served(self, reply: Message, served: str, following: Sequence[Message]) -> bool:
+        """Whether the template, rendering `reply` and the messages `following` it as history, writes
+        `served` (the reply's text as the model wrote it, then glue and the rendered tail): if not,
+        re-tokenizing the conversation would change the reply (tito's `realigned`). A template that
+        refuses the reply as history (Llama 3: one tool call per turn) does not render it as served;
+        the call is still served, from its ids."""
+        anchor = [{"role": "user", "content": _PROBE_USER}]
+        head = self._anchor_prompt
+        if head is None:
+            head = self._anchor_prompt = self.render(anchor)
+        try:
+            return self.render([*anchor, reply, *following]) == head + served
+        except TemplateError:
+            return False
 
     # ----- probe
 
@@ -160,7 +179,7 @@ class ChatCodec:
         reply = {"role": "assistant", "content": _PROBE_REPLY}
         head = self.render([{"role": "system", "content": _PROBE_SYSTEM}, user])
         full = self.render([{"role": "system", "content": _PROBE_SYSTEM}, user, reply, nxt])
-        tail = self.render([nxt])
+        tail = self.render_tail([nxt])
         start = head + _PROBE_REPLY
         if not full.startswith(start) or not full.endswith(tail) or len(full) < len(start) + len(tail):
             raise TemplateError(
@@ -189,6 +208,14 @@ class ChatCodec:
                     f"(tools={'yes' if tools else 'no'}): no token-in/token-out with it"
                 )
         return convention
+
+    def _tool_call_style(self) -> str:
+        """How the template writes an assistant's tool call, hence how replies are parsed (`outputs`):
+        "json" when the call is the bare `{"name": ..., "parameters": ...}` of Llama 3, else "hermes"."""
+        rendered = self.render([{"role": "user", "content": _PROBE_USER},
+                                {"role": "assistant", "content": "", "tool_calls": [_PROBE_CALL]}], _PROBE_TOOLS,
+                               add_generation_prompt=False)
+        return "json" if '{"name": "probe_tool", "parameters"' in rendered else "hermes"
 
     @staticmethod
     def _strip_prefix(text: str, prefix: str, problem: str) -> str:

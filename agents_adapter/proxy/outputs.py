@@ -42,33 +42,41 @@ class Reply:
         return {"role": "assistant", "content": self.text}
 
 
-def parse_tool_calls(text: str) -> tuple[str, list[dict[str, Any]]] | None:
-    """Hermes/Qwen-style `<tool_call>{"name": ..., "arguments": ...}</tool_call>` blocks.
+def parse_tool_calls(text: str, style: str = "hermes") -> tuple[str, list[dict[str, Any]]] | None:
+    """The tool calls of a reply, in the form the model's template writes them (`ChatCodec.tool_call_style`):
+    "hermes" (Qwen): `<tool_call>{"name": ..., "arguments": ...}</tool_call>` blocks; "json" (Llama 3):
+    the whole reply is one `{"name": ..., "parameters": ...}` object, after an optional <|python_tag|>.
 
-    None (the whole text is content) unless every block is a JSON object with a string name: a
+    None (the whole text is content) unless every call is a JSON object with a string name: a
     malformed call is shown to the agent as text rather than half-parsed.
     """
+    if style == "json":
+        body = text.strip().removeprefix("<|python_tag|>")
+        call = _call_of(body, "parameters") if body.startswith("{") else None
+        return None if call is None else ("", [call])
     blocks = _TOOL_CALL.findall(text)
-    if not blocks:
+    calls = [_call_of(block, "arguments") for block in blocks]
+    if not calls or any(c is None for c in calls):
         return None
-    calls = []
-    for block in blocks:
-        try:
-            obj = json.loads(block)
-        except ValueError:
-            return None
-        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
-            return None
-        arguments = obj.get("arguments", {})
-        calls.append({
-            "id": f"call_{uuid.uuid4().hex[:24]}",
-            "type": "function",
-            "function": {
-                "name": obj["name"],
-                "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False),
-            },
-        })
-    return _TOOL_CALL.sub("", text).strip(), calls
+    return _TOOL_CALL.sub("", text).strip(), [c for c in calls if c is not None]
+
+
+def _call_of(block: str, arguments_key: str) -> dict[str, Any] | None:
+    try:
+        obj = json.loads(block)
+    except ValueError:
+        return None
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
+        return None
+    arguments = obj.get(arguments_key, obj.get("arguments", {}))
+    return {
+        "id": f"call_{uuid.uuid4().hex[:24]}",
+        "type": "function",
+        "function": {
+            "name": obj["name"],
+            "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False),
+        },
+    }
 
 
 def _first_stop(text: str, stops: Sequence[str]) -> int:
@@ -99,7 +107,7 @@ def finish_reply(codec: ChatCodec, call_id: str, call: StitchedCall, *, stops: S
         text = text[:cut] if cut >= 0 else text
     tool_calls = None
     if parse_tools:
-        parsed = parse_tool_calls(text)
+        parsed = parse_tool_calls(text, codec.tool_call_style)
         if parsed is not None:
             text, tool_calls = parsed
     finish = "tool_calls" if tool_calls else call.finish_reason

@@ -43,7 +43,7 @@ from agents_adapter.proxy.session_book import KeyedLocks, SessionBook
 from agents_adapter.proxy.session_cache import SessionState
 from agents_adapter.proxy.session_store import StoredCall
 from agents_adapter.proxy.stitching import StitchedCall
-from agents_adapter.proxy.tito import BuiltPrompt, TitoBuilder, new_call_id
+from agents_adapter.proxy.tito import DRIFT_CLASSES, BuiltPrompt, TitoBuilder, new_call_id
 from schemas.events import Event, LLMCall
 
 logger = logging.getLogger(__name__)
@@ -98,6 +98,7 @@ class AdapterService:
         self.requests_failed: Counter[str] = Counter()
         self.drift_by_agent: Counter[str] = Counter()
         self.calls_by_agent: Counter[str] = Counter()
+        self.drift_classes: Counter[tuple[str, str]] = Counter()  # (agent, tito drift class) -> calls
         self.requests_replayed = 0
         # the proxy's own share of a call's latency (the app points it at a Prometheus histogram)
         self.observe_added_latency: Callable[[float], None] = lambda _seconds: None
@@ -326,6 +327,7 @@ class AdapterService:
             self.book.store.acked(state, key, self.config.calls_cached_per_session)
         self.drift_by_agent[ctx.agent_id] += drifted
         self.calls_by_agent[ctx.agent_id] += len(replies)
+        self.drift_classes.update((ctx.agent_id, p.drift_class) for p in prompts if p.drift_class)
         self.calls_served += len(replies)
 
     @staticmethod
@@ -357,6 +359,7 @@ class AdapterService:
             "requests_failed": dict(self.requests_failed),
             "calls_by_agent": dict(self.calls_by_agent),
             "drift_by_agent": dict(self.drift_by_agent),
+            "drift_classes_by_agent": _by_agent(self.drift_classes),
             "sessions": book.stats(),
             "idempotency": {
                 "requests_replayed": self.requests_replayed,
@@ -370,6 +373,14 @@ class AdapterService:
             "routing": self.routing.snapshot(),
             "routing_events_applied": self.routing.events_applied,
         }
+
+
+def _by_agent(counts: Counter[tuple[str, str]]) -> dict[str, dict[str, int]]:
+    """{agent: {class: calls}} with every class present (0 when none happened)."""
+    out: dict[str, dict[str, int]] = {}
+    for (agent, kind), n in sorted(counts.items()):
+        out.setdefault(agent, dict.fromkeys(DRIFT_CLASSES, 0))[kind] = n
+    return out
 
 
 def _seeded(sampling: EngineSampling, choice: int) -> EngineSampling:

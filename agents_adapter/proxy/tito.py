@@ -19,6 +19,14 @@ session cannot map to served ids (history edited, or sent after the cache forgot
 afresh and flagged (`BuiltPrompt.drift`); the trajectory processor forks the tree there. Assistant
 turns in a session's first request are context (few-shot), not drift.
 
+Every prompt that follows served calls is classified when it is built (`BuiltPrompt.drift_class`):
+`continuation` (served ids + suffix, and the template renders the reply it extends exactly as the
+model wrote it), `realigned` (served ids + suffix, but re-rendering the history would have changed
+that reply's text: a think block Qwen3 drops, a call written with other spacing, a Llama 3 reply
+trimmed, bytes that are not UTF-8; the served ids are kept, nothing forks,
+and the count shows what re-tokenizing would have cost) or `fork` (edited history, `drift`). A prompt
+with nothing served before it has no class ("").
+
 Text (`/v1/completions`) and token (`/v1/generate`) prompts follow the same rule on their own units:
 the longest served `prompt + output` that prefixes the new prompt is reused verbatim; a prompt that
 starts with a served prompt but not with its output is drift.
@@ -36,7 +44,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 
@@ -94,6 +102,12 @@ def tools_seed(tools: Sequence[Mapping[str, Any]] | None) -> bytes:
 # ------------------------------------------------------------------------------------------ prompts
 
 
+CONTINUATION: Final = "continuation"
+REALIGNED: Final = "realigned"
+FORK: Final = "fork"
+DRIFT_CLASSES: Final = (CONTINUATION, REALIGNED, FORK)
+
+
 @dataclass(frozen=True)
 class BuiltPrompt:
     """A prompt ready for the engine, and how it relates to the session's earlier calls."""
@@ -104,6 +118,7 @@ class BuiltPrompt:
     reused_tokens: int = 0
     chain_key: bytes = b""  # chat: hash of the request's messages (replies are keyed under it)
     text: str = ""  # text completions: the prompt text
+    drift_class: str = ""  # CONTINUATION, REALIGNED or FORK; "" when nothing served precedes the prompt
 
 
 class TitoBuilder:
@@ -128,11 +143,15 @@ class TitoBuilder:
             if any(m.get("role") == "assistant" for m in tail):
                 break  # assistant turns after the served part were not served here: drift
             state.chat_calls.move_to_end(chain[end])
-            suffix = self.codec.encode(cached.glue + self.codec.render_tail(tail))
-            return BuiltPrompt(cached.ids.tolist() + suffix, cached.call_id, False, len(cached.ids), chain[-1])
+            tail_text = self.codec.render_tail(tail)
+            output = self.codec.decode(cached.ids[cached.prompt_len :].tolist())
+            same = self.codec.renders_as_served(messages[end], output + cached.glue + tail_text, tail)
+            return BuiltPrompt(cached.ids.tolist() + self.codec.encode(cached.glue + tail_text), cached.call_id,
+                               False, len(cached.ids), chain[-1], drift_class=CONTINUATION if same else REALIGNED)
         has_history = any(m.get("role") == "assistant" for m in messages)
         drift = has_history and state.calls_served > 0
-        return BuiltPrompt(self.codec.encode(self.codec.render(messages, tools)), "", drift, 0, chain[-1])
+        return BuiltPrompt(self.codec.encode(self.codec.render(messages, tools)), "", drift, 0, chain[-1],
+                           drift_class=FORK if drift else "")
 
     @staticmethod
     def chat_key(prompt: BuiltPrompt, reply: Message) -> bytes:
@@ -173,8 +192,10 @@ class TitoBuilder:
                 drift = True
         if best is not None:
             suffix = self.codec.encode(text[len(best.full_text) :])
-            return BuiltPrompt(best.ids.tolist() + suffix, best.call_id, False, len(best.ids), text=text)
-        return BuiltPrompt(self.codec.encode(text), "", drift and state.calls_served > 0, 0, text=text)
+            return BuiltPrompt(best.ids.tolist() + suffix, best.call_id, False, len(best.ids), text=text,
+                               drift_class=CONTINUATION)
+        drift = drift and state.calls_served > 0
+        return BuiltPrompt(self.codec.encode(text), "", drift, 0, text=text, drift_class=FORK if drift else "")
 
     def remember_text(self, state: SessionState, prompt: BuiltPrompt, served_text: str, call_id: str,
                       output_ids: Sequence[int]) -> None:
@@ -196,8 +217,9 @@ class TitoBuilder:
                                                                  cached.ids[: cached.prompt_len]):
                 drift = True
         if best is not None:
-            return BuiltPrompt(list(input_ids), best.call_id, False, len(best.ids))
-        return BuiltPrompt(list(input_ids), "", drift and state.calls_served > 0, 0)
+            return BuiltPrompt(list(input_ids), best.call_id, False, len(best.ids), drift_class=CONTINUATION)
+        drift = drift and state.calls_served > 0
+        return BuiltPrompt(list(input_ids), "", drift, 0, drift_class=FORK if drift else "")
 
     def remember_tokens(self, state: SessionState, prompt: BuiltPrompt, call_id: str,
                         output_ids: Sequence[int]) -> None:

@@ -170,6 +170,7 @@ def test_edited_history_is_flagged_and_counted(
     assert not calls[first.model_extra["sflow"]["call_ids"][0]].drift  # type: ignore[index]
     stats = httpx.get(f"{proxy.url}/admin/stats", headers={"Authorization": f"Bearer {ADMIN_KEY}"}).json()
     assert stats["drift_by_agent"] == {"agent-a": 1} and stats["calls_served"] == 2
+    assert stats["drift_classes_by_agent"] == {"agent-a": {"continuation": 0, "realigned": 0, "fork": 1}}
 
 
 def test_openai_surface_streaming_n_logprobs_completions_and_tokens(

@@ -44,6 +44,18 @@ def test_loss_mask_covers_exactly_the_assistant_turns() -> None:
                        f"</tool_call><|im_end|>\n{answer}<|im_end|>\n")
 
 
+def test_loss_mask_of_qwen3s_format_where_the_last_turn_renders_otherwise() -> None:
+    """Qwen3 writes an empty think block in the last assistant turn only: a tool call rendered as the
+    last turn is no prefix of the whole conversation; its span ends at its <|im_end|>."""
+    tokenizer = build_tokenizer("bpe", "qwen3")
+    conversation = tool_conversation(TASKS[0])
+    example = to_example(tokenizer, conversation, [CALCULATOR_TOOL])
+    trained = tokenizer.decode([t for t, m in zip(example.input_ids, example.loss_mask, strict=True) if m])
+    arguments = conversation[2]["tool_calls"][0]["function"]["arguments"]
+    assert trained == (f'<tool_call>\n{{"name": "calculator", "arguments": {arguments}}}\n</tool_call><|im_end|>'
+                       f"<think>\n\n</think>\n\n{conversation[-1]['content']}<|im_end|>\n")
+
+
 @pytest.mark.parametrize("steps", [1, 10, 1200])
 def test_schedule_warms_up_then_decays_to_the_floor(steps: int) -> None:
     factors = [learning_rate_factor(s, steps) for s in range(steps)]
