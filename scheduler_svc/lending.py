@@ -32,10 +32,17 @@ Rules (each decision's numbers go into its `reason`):
   batch is there at the start (span 0) and the step takes them all. (Not the group rate: rollout
   is throttled by the staleness budget while training lags, so a rate would read a train
   bottleneck as a slow rollout and take fewer still.)
+* the stragglers' rest: the groups still missing at the rate, times the tail factor: a step's first
+  partial micro-batch predicts by the rate when its batch's last group arrives, the final one says
+  when it did (the last groups of a long-tailed batch come much slower than the rate);
 * start: a partial batch starts training when ``rest_s <= switch_s + train_s(ready)``: the groups still
-  missing will be complete before the ready ones are trained;
+  missing will be complete before the ready ones are trained; at once when training is the
+  bottleneck (`train_bound`: a batch's training fills most of the step period, every second off it
+  is lost); idle trainers start unless lending them pays (the lend rule);
 * lend: a train-capable resource free after a step goes back to rollout when the window until the
-  next step is expected to start exceeds the round trip, ``window_s > return_s + switch_s``.
+  next step need start exceeds the round trip, ``window_s > return_s + switch_s``, the window being
+  the stragglers' rest less the training of the ready groups (the step can start that late and
+  still have trained them when the rest arrives).
 Without estimates (the first step) every rule takes the bet (all resources), i.e. behaves as the fixed policy.
 """
 
@@ -67,6 +74,13 @@ RETURN_CAUSES = ("train_step_done", "lend")
 TAKE_HEADROOM = 2.0
 #: TagTransition cause of a resource kept for training instead of lent
 LEND_DECLINED = "lend_declined"
+#: training is the bottleneck when a batch's estimated training fills this share of the step period:
+#: below it the trainers have slack to roll out (0.7 misreads rollout-bound math runs as train bound
+#: on the simulator; 0.85 keeps them and the train-bound agentic ones)
+TRAIN_BOUND_SHARE = 0.85
+#: bounds of the tail factor: the last groups of a batch come slower than the rate says (the long
+#: tail), but one odd step must not make every later estimate absurd
+TAIL_BIAS_RANGE = (0.5, 8.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +113,10 @@ class Estimates:
     final_fed: tuple[float, int] | None = None  # the running step's final TrainData: (time, tokens)
     load_s: float | None = None  # longest observed weight load (the return's prior)
     data_span_s: float | None = None  # the last step's start to its final TrainData: its batch's arrival
+    last_step_end: float | None = None
+    step_interval_s: float | None = None  # between the last two TrainStepCompleted: the pipeline's period
+    tail_bias: float = 1.0  # observed stragglers' rest / its rate-based prediction (the long tail's factor)
+    first_fed: tuple[float, float] | None = None  # the running step's first partial TrainData: (time, rest predicted)
 
     def group_done(self, t: float, tokens: int) -> None:
         self.done_times.append(t)
@@ -107,8 +125,30 @@ class Estimates:
     def step_started_at(self, t: float) -> None:
         self.step_started = t
 
+    def fed(self, t: float, groups: int, final: bool, batch_groups: int) -> None:
+        """Calibrate the stragglers' rest: a step's first partial micro-batch predicts (by the rate)
+        when the rest of its batch arrives, its final one says when it did."""
+        if not final:
+            if self.first_fed is None:
+                predicted = self.seconds_for(batch_groups - groups)
+                self.first_fed = None if predicted is None else (t, predicted)
+            return
+        first, self.first_fed = self.first_fed, None
+        if first is not None and first[1] > 0:
+            observed = min(TAIL_BIAS_RANGE[1], max(TAIL_BIAS_RANGE[0], (t - first[0]) / first[1]))
+            self.tail_bias = 0.5 * self.tail_bias + 0.5 * observed
+
+    def rest_s(self, groups: int) -> float | None:
+        """Seconds until `groups` more complete: the rate's estimate times the observed tail factor."""
+        seconds = self.seconds_for(groups)
+        return None if seconds is None else seconds * self.tail_bias
+
     def step_done(self, t: float, tokens: int, resources: int) -> None:
+        if self.last_step_end is not None and t > self.last_step_end:
+            self.step_interval_s = t - self.last_step_end
+        self.last_step_end = t
         started, final, self.step_started, self.final_fed = self.step_started, self.final_fed, None, None
+        self.first_fed = None
         if started is None or resources < 1 or tokens <= 0 or t <= started:
             return
         speed = tokens / ((t - started) * resources)
@@ -164,6 +204,10 @@ class Estimates:
             "final_fed": self.final_fed,
             "load_s": self.load_s,
             "data_span_s": self.data_span_s,
+            "last_step_end": self.last_step_end,
+            "step_interval_s": self.step_interval_s,
+            "tail_bias": self.tail_bias,
+            "first_fed": self.first_fed,
             "load_started": dict(sorted(self.load_started.items())),
         }
 
@@ -171,7 +215,7 @@ class Estimates:
 def start_verdict(est: Estimates, *, missing: int, ready_tokens: int, resources: int, switch_s: float) -> Verdict:
     """Start a step on the ready groups now? Pays when the `missing` groups will be complete by the
     time the ready ones are trained (benefit: the train time that hides the stragglers' rest)."""
-    rest = est.seconds_for(missing)
+    rest = est.rest_s(missing)
     train = est.train_s(ready_tokens, resources)
     if rest is None or train is None:
         return Verdict(True, None, None, "start")
@@ -187,14 +231,26 @@ def lend_verdict(
     starts once its first micro-batch is ready (`missing_first` groups away) and the rest of the
     batch (`missing_all`) will be done while the batch (those and the `ready` ones) trains."""
     first = est.seconds_for(missing_first)
-    rest = est.seconds_for(missing_all)
+    rest = est.rest_s(missing_all)
     cost = est.round_trip_s(switch_s)
     speed = None if est.tokens_per_resource_s is None else est.tokens_per_resource_s * resources
     if first is None or rest is None or speed is None or est.group_tokens is None or cost is None:
         return Verdict(True, None, None, "lend")
-    train = est.group_tokens * (max(0, missing_all) + ready) / speed
+    train = est.group_tokens * ready / speed
     window = max(first, rest - (switch_s + train))
     return Verdict(window > cost, window, cost, "lend")
+
+
+def train_bound(est: Estimates, *, capable: int, batch_groups: int) -> Verdict:
+    """Is training the bottleneck? (`take`: yes.) Its estimated time for a batch on all `capable`
+    train resources fills `TRAIN_BOUND_SHARE` of the pipeline's last period (between two steps'
+    ends): then every second the trainers spend not training stretches the period, so a step
+    starts as soon as it has data, whatever the stragglers."""
+    period = est.step_interval_s
+    train = None if est.group_tokens is None else est.train_s(round(est.group_tokens * batch_groups), capable)
+    if period is None or train is None:
+        return Verdict(False, None, None, "train bound")
+    return Verdict(train >= TRAIN_BOUND_SHARE * period, train, TRAIN_BOUND_SHARE * period, "train bound")
 
 
 def take_count(est: Estimates, *, capable: int, batch_groups: int) -> tuple[int, str]:
@@ -214,15 +270,19 @@ def take_count(est: Estimates, *, capable: int, batch_groups: int) -> tuple[int,
     )
 
 
-def observe(est: Estimates, record: object, now: float, step_tokens: int, step_resources: int) -> None:
+def observe(
+    est: Estimates, record: object, now: float, step_tokens: int, step_resources: int, batch_groups: int = 0
+) -> None:
     """Update the estimates from one record of the log (`step_tokens`/`step_resources`: the running
-    step's, read before a TrainStepCompleted clears it)."""
+    step's, read before a TrainStepCompleted clears it; `batch_groups`: B)."""
     if isinstance(record, TaskCompleted):
         est.group_done(now, record.n_tokens)
     elif isinstance(record, Assignment) and record.task_kind == TRAIN:
         est.step_started_at(now)
-    elif isinstance(record, TrainData) and record.final:
-        est.final_fed = (now, sum(n for _, n in record.token_lags))
+    elif isinstance(record, TrainData):
+        if record.final:
+            est.final_fed = (now, sum(n for _, n in record.token_lags))
+        est.fed(now, len(record.group_ids), record.final, batch_groups)
     elif isinstance(record, TrainStepCompleted):
         est.step_done(record.t, step_tokens, step_resources)
     elif isinstance(record, LoadWeights):

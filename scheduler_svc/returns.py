@@ -16,7 +16,7 @@ from scheduler_svc.decisions import (
     TagTransition,
     WeightSyncStarted,
 )
-from scheduler_svc.lending import LEND_DECLINED, Estimates, Verdict, lend_verdict
+from scheduler_svc.lending import LEND_DECLINED, Estimates, Verdict, lend_verdict, start_verdict, train_bound
 from scheduler_svc.loader import StreamingDataLoader
 from scheduler_svc.policies import TagPolicy
 from scheduler_svc.pool import ResourcePool
@@ -101,6 +101,26 @@ class ReturnPlanner(ABC):
             missing_all=self.settings.train_batch_groups - ready - fed,
             ready=ready + fed,
             resources=len(self.trainers()),
+            switch_s=self.settings.switch_estimate_s,
+        )
+
+    def _start_verdict(self, trainers: tuple[str, ...], capable: int, ready: int, ready_tokens: int) -> Verdict:
+        """Start a step on a partial batch (`ready` groups) now? At once when training is the
+        bottleneck; idle trainers unless lending them pays; rolling-out ones when the stragglers'
+        rest is hidden by the training of the ready groups (see `scheduler_svc.lending`)."""
+        bound = train_bound(self.estimates, capable=capable, batch_groups=self.settings.train_batch_groups)
+        if bound.take:
+            return bound
+        if all(self.pool.get(rid).activity == IDLE for rid in trainers):
+            lend = self._lend_verdict()
+            if lend is None or lend.benefit_s is None:
+                return Verdict(True, None, None, "start idle trainers")
+            return Verdict(not lend.take, lend.benefit_s, lend.cost_s, "start idle trainers (lend window vs cost)")
+        return start_verdict(
+            self.estimates,
+            missing=self.settings.train_batch_groups - ready,
+            ready_tokens=ready_tokens,
+            resources=len(trainers),
             switch_s=self.settings.switch_estimate_s,
         )
 

@@ -63,13 +63,13 @@ from scheduler_svc.decisions import (
     WeightSyncCompleted,
     WeightSyncStarted,
 )
-from scheduler_svc.lending import Estimates, observe, start_verdict, take_count
+from scheduler_svc.lending import Estimates, observe, take_count
 from scheduler_svc.loader import GroupState, StreamingDataLoader
 from scheduler_svc.policies import StragglerRule, TagPolicy
 from scheduler_svc.pool import ResourcePool
 from scheduler_svc.returns import Emit, ReturnPlanner
 from scheduler_svc.settings import SchedulerSettings
-from scheduler_svc.tags import ACTIVITY, IDLE, ROLLOUT, TRAIN, WEIGHT_SYNC
+from scheduler_svc.tags import ACTIVITY, ROLLOUT, TRAIN, WEIGHT_SYNC
 from scheduler_svc.weight_syncs import WeightSyncLedger
 
 
@@ -238,19 +238,13 @@ class RolloutManager(ReturnPlanner):
         chosen, final = chunk
         reason = ""
         if self.policy.adaptive:
+            capable = len(trainers)
             trainers, reason = self._take(trainers)
-        rolling = any(self.pool.get(rid).activity != IDLE for rid in trainers)
-        if self.policy.adaptive and not final and rolling:  # idle trainers lose nothing by starting
-            verdict = start_verdict(
-                self.estimates,
-                missing=self.settings.train_batch_groups - len(chosen),
-                ready_tokens=sum(sum(g.token_versions.values()) for g in chosen),
-                resources=len(trainers),
-                switch_s=self.settings.switch_estimate_s,
-            )
-            if not verdict.take:
+            ready_tokens = sum(sum(g.token_versions.values()) for g in chosen)
+            verdict = None if final else self._start_verdict(trainers, capable, len(chosen), ready_tokens)
+            if verdict is not None and not verdict.take:
                 return
-            reason = f"{reason}; {verdict.reason}"
+            reason = reason if verdict is None else f"{reason}; {verdict.reason}"
         assignment_id = self.pool.next_assignment_id()
         plan = self.pool.plan_assignment(
             TRAIN, trainers, cause="train_step", step=step, policy_version=step, reason=reason
@@ -322,7 +316,8 @@ class RolloutManager(ReturnPlanner):
         if self.policy.adaptive:
             t_state = self.train
             tokens = 0 if t_state is None else sum(t_state.token_lags.values())
-            observe(self.estimates, record, self.now, tokens, 0 if t_state is None else len(t_state.resource_ids))
+            resources = 0 if t_state is None else len(t_state.resource_ids)
+            observe(self.estimates, record, self.now, tokens, resources, self.settings.train_batch_groups)
             self._track_held(record)
         handler = _APPLY.get(type(record))
         if handler is not None:

@@ -15,7 +15,7 @@ from scheduler_svc.decisions import (
     TrainStepCompleted,
     WeightsLoaded,
 )
-from scheduler_svc.lending import Estimates, lend_verdict, observe, start_verdict, take_count
+from scheduler_svc.lending import Estimates, lend_verdict, observe, start_verdict, take_count, train_bound
 from scheduler_svc.policies import spatiotemporal
 from scheduler_svc.tags import TRAIN
 
@@ -142,3 +142,42 @@ def test_a_step_takes_its_resources_by_train_priority(world_factory) -> None:
     train = [d for d in decisions if isinstance(d, Assignment) and d.task_kind == TRAIN]
     assert [a.resource_ids for a in train] == [("r1",)]  # the H800
     assert train[0].reason.startswith("take 1 of 2 (rollout bound)")
+
+
+def test_a_long_tail_stretches_the_stragglers_rest() -> None:
+    """A step's first micro-batch (2 of 12 groups) predicts by the rate (0.5 groups/s) that the other
+    10 arrive in 20 s; they took 40 s. The tail factor moves halfway there (1.5), so the next
+    estimates of a batch's rest are 1.5 times the rate's; one absurd step is clamped."""
+    est = observed(2.0)
+    assert est.rest_s(10) == pytest.approx(20.0)
+    observe(est, TrainData("a2", 1, ("g0", "g1"), (0, 0), False, ((1, 20_000),)), 300.0, 0, 0, 12)
+    observe(est, TrainData("a2", 1, tuple(f"h{i}" for i in range(10)), (0,) * 10, True, ((1, 1),)), 340.0, 0, 0, 12)
+    assert est.tail_bias == pytest.approx(1.5)
+    assert est.rest_s(10) == pytest.approx(30.0)
+    observe(est, TrainData("a3", 2, ("g2", "g3"), (1, 1), False, ((1, 20_000),)), 400.0, 0, 0, 12)
+    observe(est, TrainData("a3", 2, ("h",), (1,), True, ((1, 1),)), 400.0 + 20.0 * 100, 0, 0, 12)
+    assert est.tail_bias == pytest.approx(0.5 * 1.5 + 0.5 * 8.0)  # clamped at 8
+
+
+def test_train_is_the_bottleneck_when_a_batch_s_training_fills_the_step_period() -> None:
+    """Steps end 202.5 s apart (`stepped(100)`); a batch of 40 groups of 10,000 tokens trains on 4
+    resources in 100 s: slack, the start rule weighs stragglers. A batch of 80 trains in 200 s, past
+    0.85 of the period: every second off training is lost, the step starts at once."""
+    est = stepped(100.0)
+    assert est.step_interval_s == pytest.approx(202.5)
+    slack = train_bound(est, capable=4, batch_groups=40)
+    assert not slack.take and slack.benefit_s == pytest.approx(100.0)
+    bound = train_bound(est, capable=4, batch_groups=80)
+    assert bound.take and bound.benefit_s == pytest.approx(200.0) and "train bound" in bound.reason
+    assert not train_bound(Estimates(), capable=4, batch_groups=80).take  # no estimate: weigh as before
+
+
+def test_the_lend_window_is_the_stragglers_rest_less_the_ready_groups_training() -> None:
+    """20 groups missing at 0.5 groups/s arrive in 40 s; the 10 ready ones (100,000 tokens) train on
+    2 resources in 50 s: the step must start now to have trained them by then, no window to lend.
+    With 2 ready (10 s of training) the step can start 26 s later (less the 4 s switch): lend."""
+    est = observed(2.0)
+    v = lend_verdict(est, missing_first=0, missing_all=20, ready=10, resources=2, switch_s=4.0)
+    assert not v.take and v.benefit_s == pytest.approx(0.0)
+    v = lend_verdict(est, missing_first=0, missing_all=20, ready=2, resources=2, switch_s=4.0)
+    assert v.take and v.benefit_s == pytest.approx(40.0 - 4.0 - 10.0)
