@@ -50,6 +50,13 @@ HEALTH_METRICS = ("entropy", "response_length_mean", "truncated_fraction", "zero
                   "clip_fraction_low", "clip_fraction_high", "kl")
 
 
+def versions_text(versions: tuple[int, ...]) -> str:
+    """'v3', or 'v3-v4' for a result whose tokens span a weight update ('v?' : none known)."""
+    if not versions:
+        return "v?"
+    return f"v{versions[0]}" if len(versions) == 1 else f"v{versions[0]}-v{versions[-1]}"
+
+
 @dataclass
 class RunState:
     """Raw facts of a run, in event order."""
@@ -69,6 +76,7 @@ class RunState:
     health: list[dict[str, float]] = field(default_factory=list)  # HEALTH_METRICS of each completed step
     filtered_groups: set[str] = field(default_factory=set)  # left out by dynamic sampling (zero reward variance)
     collapse: list[tuple[int, tuple[str, ...]]] = field(default_factory=list)  # (step, collapse guard signals)
+    evals: dict[int, ev.EvalCompleted] = field(default_factory=dict)  # held-out evaluations by step
     end_ms: int = 0
     # Calls recorded but in no trajectory yet, and trajectory calls whose LLMCall is not seen yet (the
     # two topics are read independently, so either may come first).
@@ -130,6 +138,19 @@ class RunState:
             return "never fired"
         (first, _), (last, signals) = self.collapse[0], self.collapse[-1]
         return f"fired on {len(self.collapse)} step(s), first at step {first}; step {last}: " + "; ".join(signals)
+
+    def eval_start_end(self) -> str:
+        """Held-out accuracy at the first and the last evaluation, each with the versions it measured."""
+        if not self.evals:
+            return "no evaluation"
+        first, last = self.evals[min(self.evals)], self.evals[max(self.evals)]
+        return " -> ".join(f"{e.accuracy:.3f} ({e.trigger}, {versions_text(e.versions)})" for e in (first, last))
+
+    def eval_summary(self) -> list[dict[str, object]]:
+        """The evaluations for summary.json, in step order."""
+        return [{"step": e.step, "trigger": e.trigger, "accuracy": e.accuracy, "reward": e.reward_mean,
+                 "versions": list(e.versions), "num_tasks": e.num_tasks, "failed": e.failed}
+                for _, e in sorted(self.evals.items())]
 
     def _activities(self, rid: str) -> list[tuple[Span, str]]:
         """A resource's activity tags as (span, activity), each lasting until the next or the run's end."""
@@ -201,6 +222,8 @@ class RunState:
                     if i >= len(self.staleness):
                         self.staleness.append(0)
                     self.staleness[i] += n
+        elif isinstance(event, ev.EvalCompleted):
+            self.evals.setdefault(event.step, event)
         elif isinstance(event, ev.WeightsLoaded):
             self.pauses_ms.append(event.pause_ms)
         elif isinstance(event, ev.TagTransition) and event.tag_kind == ev.TagKind.ACTIVITY and event.to_tags:
@@ -253,6 +276,17 @@ class RunMonitor:
                 missing = len(self.state.unassembled)
             if not missing or time.monotonic() >= deadline:
                 return missing
+            time.sleep(0.2)
+
+    def wait_eval(self, step: int, timeout_s: float) -> bool:
+        """Waits until the held-out evaluation of `step` is recorded (False: not within `timeout_s`)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self._lock:
+                if step in self.state.evals:
+                    return True
+            if time.monotonic() >= deadline:
+                return False
             time.sleep(0.2)
 
     def snapshot(self) -> RunState:
