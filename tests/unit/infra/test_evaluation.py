@@ -47,7 +47,7 @@ def test_held_out_tasks_leave_out_every_training_question_and_are_deterministic(
 
 def test_a_held_out_set_the_generator_cannot_fill_is_refused_with_the_field() -> None:
     train = calculator(400, 7)
-    with pytest.raises(InfraError, match="eval.tasks=5000"):
+    with pytest.raises(InfraError, match=r"eval\.tasks=5000"):
         held_out_rows(lambda n, seed: train, 5000, 1007, train)
 
 
@@ -118,7 +118,7 @@ def test_the_run_writes_a_held_out_tasks_file_disjoint_from_its_tasks_file(tmp_p
 
 
 def test_the_eval_section_is_validated_at_load(tmp_path: Path) -> None:
-    with pytest.raises(InfraError, match="eval.seed=7 equals tasks.seed"):
+    with pytest.raises(InfraError, match=r"eval\.seed=7 equals tasks\.seed"):
         load(tmp_path, eval={"enabled": True, "seed": 7}, tasks={"seed": 7})
     with pytest.raises(InfraError, match="every_steps"):
         load(tmp_path, eval={"every_steps": 0})
