@@ -166,14 +166,14 @@ def evaluator_of(config: RunConfig, tasks_file: Path, base_url: str, api_key: st
     """The run's evaluator: its example and agent settings, greedy, on the `eval` section's schedule."""
     agent, example = config.agent, config.example
     worker = WorkerConfig(base_url, api_key, model, config.eval.concurrency, agent.max_turns, agent.max_tokens,
-                          EVAL_TEMPERATURE, agent.ignore_eos, agent=example.agent, task=example.task,
+                          EVAL_TEMPERATURE, False, agent=example.agent, task=example.task,  # ends at EOS
                           reward=example.reward)
     return evaluator_spec(worker, EvaluatorConfig(
         worker, config.name, tasks_file, config.eval.every_steps, config.run.max_steps, score=example.score,
         tasks_seed=config.eval.seed, sync_wait_s=config.eval.sync_wait_s), env)
 
 
-def main(argv: list[str] | None = None) -> None:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m infra.evaluator", description=__doc__.splitlines()[0])
     for flag in ("--base-url", "--api-key", "--model", "--run-id", "--tasks-file"):
         p.add_argument(flag, required=True)
@@ -185,7 +185,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--task", default=CALCULATOR.task, help="its row-to-task parser ('': the row itself)")
     p.add_argument("--reward", default=CALCULATOR.reward)
     p.add_argument("--score", default=CALCULATOR.score or "", help="score(episode, task) in [0, 1] ('': the reward)")
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    a = parser().parse_args(argv)
     configure_logging("evaluator")
     worker = WorkerConfig(a.base_url, a.api_key, a.model, a.concurrency, a.max_turns, a.max_tokens,
                           temperature=EVAL_TEMPERATURE, agent=a.agent, task=a.task or None, reward=a.reward)

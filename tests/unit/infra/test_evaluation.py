@@ -136,3 +136,23 @@ def test_the_summary_shows_accuracy_at_the_start_and_the_end_with_their_versions
     state.apply(eval_event("run", 4, 4, later, temperature=0.0, tasks_seed=1, duration_ms=1.0))
     assert state.eval_start_end() == "0.500 (start, v0) -> 1.000 (end, v3-v4)"
     assert [e["accuracy"] for e in state.eval_summary()] == [0.5, 1.0]
+
+
+def test_the_demo_starts_the_evaluator_before_the_rollout_workers_with_the_run_schedule(tmp_path: Path) -> None:
+    from bus.config import BusConfig
+    from infra.demo import service_specs
+    from infra.evaluator import parser
+
+    config = load(tmp_path, eval={"enabled": True, "every_steps": 5}, run={"max_steps": 12})
+    for run in ("run", "r2"):
+        (tmp_path / run).mkdir()
+    specs = service_specs(config, RunPaths(tmp_path / "run"), BusConfig("127.0.0.1:1"), "-key", "admin")
+    names = [s.name for s in specs]
+    assert names.index("adapter") < names.index("evaluator") == names.index("rollout-workers") - 1
+    args = list(specs[names.index("evaluator")].args)
+    assert "evaluator" not in [s.name for s in service_specs(load(tmp_path), RunPaths(tmp_path / "r2"),
+                                                              BusConfig("127.0.0.1:1"), "k", "a")]
+    parsed = parser().parse_args(args)  # the flags it is given are the flags it takes
+    assert (parsed.api_key, parsed.every_steps, parsed.max_steps) == ("-key", 5, 12)
+    assert (parsed.tasks_file, parsed.tasks_seed) == (str(tmp_path / "run" / "eval_tasks.jsonl"), config.eval.seed)
+    assert parsed.score == "examples.calculator.reward:correct" and parsed.task == config.example.task
