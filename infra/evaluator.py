@@ -129,8 +129,11 @@ async def serve(config: EvaluatorConfig, bus: BusConfig, stop: threading.Event) 
     due_since: float | None = None
     try:
         while not stop.is_set():
-            for r in await asyncio.to_thread(consumer.poll, 0.5):
+            batch = await asyncio.to_thread(consumer.poll, 0.5)
+            for r in batch:
                 follow(schedule, r.event, config.run_id)
+            if batch:
+                continue  # act only once caught up: a restart reads its earlier results before redoing any
             step = schedule.due()
             if step is None:
                 due_since = None

@@ -156,3 +156,21 @@ def test_the_demo_starts_the_evaluator_before_the_rollout_workers_with_the_run_s
     assert (parsed.api_key, parsed.every_steps, parsed.max_steps) == ("-key", 5, 12)
     assert (parsed.tasks_file, parsed.tasks_seed) == (str(tmp_path / "run" / "eval_tasks.jsonl"), config.eval.seed)
     assert parsed.score == "examples.calculator.reward:correct" and parsed.task == config.example.task
+
+
+def test_a_restarted_evaluator_takes_its_recorded_results_as_done() -> None:
+    from infra.evaluator import follow
+    from schemas import events as ev
+    from tests.factories import example
+
+    schedule = EvalSchedule(every_steps=2, max_steps=4)
+    for step in (1, 2):
+        follow(schedule, example(ev.TrainStepCompleted, step, run_id="run", step=step, new_version=step,
+                                 status="completed"), "run")
+    follow(schedule, example(ev.WeightSyncCompleted, 0, version=2), "run")
+    follow(schedule, example(ev.TrainStepCompleted, 3, run_id="other", step=3, new_version=3,
+                             status="completed"), "run")  # another run's step is no step of this one
+    assert (schedule.completed, schedule.due(), schedule.synced()) == (2, 2, True)
+    follow(schedule, eval_event("run", 0, 4, [], temperature=0.0, tasks_seed=1, duration_ms=0.0), "run")
+    follow(schedule, eval_event("run", 2, 4, [], temperature=0.0, tasks_seed=1, duration_ms=0.0), "run")
+    assert schedule.due() is None and schedule.pending == [4]
