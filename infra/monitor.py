@@ -16,6 +16,7 @@ from bus.config import BusConfig
 from bus.consumer import EventConsumer, Received, unique_group
 from infra.scalars import ScalarWriter
 from schemas import events as ev
+from schemas.rollout_events import is_held_out
 
 TOPICS = ("llm.calls", "trajectories", "train", "weights", "scheduler")
 BUSY = frozenset({"rollout", "train", "reference", "critic"})
@@ -61,7 +62,8 @@ def versions_text(versions: tuple[int, ...]) -> str:
 class RunState:
     """Raw facts of a run, in event order."""
 
-    calls: int = 0
+    calls: int = 0  # of training rollouts (held-out evaluation calls are `held_out_calls`)
+    held_out_calls: int = 0
     output_tokens: list[tuple[int, int]] = field(default_factory=list)  # (completed ms, tokens)
     trajectories: int = 0
     ready_groups: int = 0
@@ -144,7 +146,8 @@ class RunState:
         if not self.evals:
             return "no evaluation"
         first, last = self.evals[min(self.evals)], self.evals[max(self.evals)]
-        return " -> ".join(f"{e.accuracy:.3f} ({e.trigger}, {versions_text(e.versions)})" for e in (first, last))
+        ends = " -> ".join(f"{e.accuracy:.3f} ({e.trigger}, {versions_text(e.versions)})" for e in (first, last))
+        return f"{ends}; {len(self.evals)} evaluations, {self.held_out_calls} calls"
 
     def eval_summary(self) -> list[dict[str, object]]:
         """The evaluations for summary.json, in step order."""
@@ -192,9 +195,12 @@ class RunState:
         if isinstance(event, ev.TrainStepCompleted):
             self.filtered_groups.update(event.filtered_group_ids)
         if isinstance(event, ev.LLMCall):
-            self.calls += 1
+            if is_held_out(event.group_id):  # an evaluation's call: real engine work, but no rollout of training
+                self.held_out_calls += 1
+            else:
+                self.calls += 1
+                self.versions_per_call.append(tuple(sorted(set(event.output_versions.tolist()))))
             self.output_tokens.append((event.completed_ms, len(event.output_ids)))
-            self.versions_per_call.append(tuple(sorted(set(event.output_versions.tolist()))))
             for seg in event.segments:
                 self.generating[seg.resource_id].append((seg.started_ms, seg.ended_ms))
             if event.call_id in self.assembled_early:
@@ -202,7 +208,7 @@ class RunState:
             else:
                 self.unassembled.add(event.call_id)
         elif isinstance(event, ev.Trajectory):
-            self.trajectories += 1
+            self.trajectories += not is_held_out(event.group_id)
             for call_id in event.call_ids:
                 if call_id in self.unassembled:
                     self.unassembled.discard(call_id)

@@ -134,7 +134,13 @@ def test_the_summary_shows_accuracy_at_the_start_and_the_end_with_their_versions
     state.apply(eval_event("run", 0, 4, results, temperature=0.0, tasks_seed=1, duration_ms=1.0))
     later = [TaskResult("t1", 1.0, 1.0, (3, 4)), TaskResult("t2", 1.0, 1.0, (4,))]
     state.apply(eval_event("run", 4, 4, later, temperature=0.0, tasks_seed=1, duration_ms=1.0))
-    assert state.eval_start_end() == "0.500 (start, v0) -> 1.000 (end, v3-v4)"
+    from schemas import events as ev
+    from tests.factories import example
+
+    state.apply(example(ev.LLMCall, 0, group_id=group_id_of("run", 4, "t1"), output_versions=(3, 4)))
+    state.apply(example(ev.LLMCall, 1, group_id="train-g", output_versions=(4, 4)))
+    assert state.eval_start_end() == "0.500 (start, v0) -> 1.000 (end, v3-v4); 2 evaluations, 1 calls"
+    assert (state.calls, state.calls_spanning_update) == (1, 0)  # a held-out call is no training rollout
     assert [e["accuracy"] for e in state.eval_summary()] == [0.5, 1.0]
 
 
