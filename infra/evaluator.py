@@ -3,10 +3,11 @@
 It sits next to the rollout workers in the demo's agent fleet and runs the same example agent and
 reward through the capture proxy, one greedy session per held-out task, on the rollout resources
 between and during train steps, as the policy routes any call. It follows `train` (TrainStepCompleted:
-when an evaluation is due; its own EvalCompleted: which are done, so a restarted evaluator goes on where
-it was) and `weights` (WeightSyncCompleted: the engines serve the newest step's weights), and publishes
-one `EvalCompleted` per evaluation on `train`, tagged with the weight versions the proxy returned for
-its tokens. It waits at most `sync_wait_s` for a weight sync before evaluating anyway (the tags tell).
+when an evaluation is due; its own EvalCompleted: which are done, read to the end at start-up, so a
+restarted evaluator goes on where it was) and `weights` (WeightSyncCompleted: the engines serve the
+newest step's weights), and publishes one `EvalCompleted` per evaluation on `train`, tagged with the
+weight versions the proxy returned for its tokens. It waits at most `sync_wait_s` for a weight sync
+before evaluating anyway (the tags tell).
 
 `python -m infra.evaluator --base-url URL --api-key KEY --model NAME --run-id RUN --tasks-file FILE
 --every-steps N --max-steps M [--agent/--task/--reward/--score module:attr ...]`
@@ -31,9 +32,11 @@ import openai
 from agents_adapter.sdk import AsyncAgentSession
 from bus.config import BusConfig
 from bus.consumer import EventConsumer, unique_group
+from bus.errors import ConsumeError
 from bus.kit import run_until_signalled
 from bus.log import configure_logging
 from bus.producer import EventProducer
+from bus.replay import replay
 from infra.evaluation import EvalSchedule, TaskResult, eval_event, group_id_of, versions_in_reply
 from infra.example import CALCULATOR, load_reference
 from infra.launcher import ServiceSpec
@@ -119,11 +122,23 @@ def follow(schedule: EvalSchedule, event: object, run_id: str) -> None:
         schedule.done(event.step)
 
 
+def recorded_schedule(config: EvaluatorConfig, bus: BusConfig) -> EvalSchedule:
+    """The schedule as the events recorded so far leave it (read to their end): a restarted evaluator
+    redoes none of the evaluations it published."""
+    schedule = EvalSchedule(config.every_steps, config.max_steps)
+    try:
+        for r in replay(bus, ["train", "weights"]).events:
+            follow(schedule, r.event, config.run_id)
+    except ConsumeError as e:  # a fresh broker's topics without leaders yet: nothing recorded to read
+        log.warning("cannot read the recorded train and weights events; starting from none", extra={"error": str(e)})
+    return schedule
+
+
 async def serve(config: EvaluatorConfig, bus: BusConfig, stop: threading.Event) -> None:
     example = Example.load(config.worker)
     score_of = load_reference(config.score) if config.score else example.reward
     rows = read_rows(config.tasks_file)
-    schedule = EvalSchedule(config.every_steps, config.max_steps)
+    schedule = await asyncio.to_thread(recorded_schedule, config, bus)
     consumer = EventConsumer(bus, unique_group(f"evaluator-{config.run_id}"), ["train", "weights"])
     producer = EventProducer(bus, producer_id="evaluator")
     due_since: float | None = None
@@ -133,7 +148,7 @@ async def serve(config: EvaluatorConfig, bus: BusConfig, stop: threading.Event) 
             for r in batch:
                 follow(schedule, r.event, config.run_id)
             if batch:
-                continue  # act only once caught up: a restart reads its earlier results before redoing any
+                continue  # act on a whole burst of events (a step, then its weight sync)
             step = schedule.due()
             if step is None:
                 due_since = None

@@ -1,7 +1,8 @@
 """The evaluator against a real broker, capture proxy and native engine (infra/evaluator.py): the start
 evaluation runs before any train step, the next one once the train topic says a step completed and the
-weights are synced, and each result's versions are the ones the proxy returned for its tokens (the engine
-swapped to version 1 in between); every session is in a held-out group, never a dispatched one."""
+weights are synced (a restarted evaluator finds both done), and each result's versions are the ones the
+proxy returned for its tokens (the engine swapped to version 1 in between); every session is in a
+held-out group, never a dispatched one."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from bus.errors import ConsumeError
 from bus.producer import EventProducer
 from examples.calculator.tasks import make_arithmetic_tasks
 from infra.evaluation import held_out_rows
-from infra.evaluator import EVAL_TEMPERATURE, EvaluatorConfig, serve
+from infra.evaluator import EVAL_TEMPERATURE, EvaluatorConfig, recorded_schedule, serve
 from infra.rollout_workers import WorkerConfig
 from infra.run_inputs import task_rows
 from schemas import events as ev
@@ -98,6 +99,8 @@ def test_each_evaluation_is_tagged_with_the_versions_the_proxy_served(
     for e in (start, end):
         assert e.task_ids == tuple(r["task_id"] for r in rows) and e.num_tasks == 3 and e.failed == 0
         assert e.temperature == 0.0 and 0.0 <= e.accuracy <= 1.0
+    restarted = recorded_schedule(config, bus_config)  # what an evaluator started now would find to do
+    assert restarted.finished and restarted.due() is None and restarted.completed == 1
     calls = recorded(bus_config, "llm.calls", ev.LLMCall)
     assert len(calls) == 6 and all(is_held_out(c.group_id) for c in calls)
     assert sorted({int(v) for c in calls for v in c.output_versions}) == [0, 1]
