@@ -33,6 +33,7 @@ def job(policy: str, steps: int) -> RunConfig:
     base["name"] = f"bench-{policy}"
     base["scheduler"]["policy"] = policy
     base["run"] = {"max_steps": steps, "max_minutes": 15}
+    base["eval"] = {**base["eval"], "enabled": False}  # throughput of the policies, not held-out accuracy
     if policy == "colocated":  # every resource takes every tag: the trainer spans both
         for r in base["inference"]["resources"]:
             r["capabilities"] = ["rollout", "train"]

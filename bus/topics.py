@@ -47,7 +47,7 @@ CATALOG: Final[tuple[TopicSpec, ...]] = (
     TopicSpec("control", 1, "resource", (ev.PauseRollout, ev.ResumeRollout, ev.LoadWeights, ev.ControlAck)),
     TopicSpec("weights", 1, "model", (ev.WeightsPublished, ev.WeightsLoaded,
                                       ev.WeightSyncStarted, ev.WeightSyncCompleted)),
-    TopicSpec("train", 1, "run", (ev.TrainStepStarted, ev.TrainStepCompleted, ev.TrainData)),
+    TopicSpec("train", 1, "run", (ev.TrainStepStarted, ev.TrainStepCompleted, ev.TrainData, ev.EvalCompleted)),
     TopicSpec("metrics", 2, "service", (ev.MetricSample,), retention_ms=7 * 24 * 3600 * 1000),
     TopicSpec("dlq", 1, "source topic:partition:offset", (ev.DeadLetter,)),
 )

@@ -32,12 +32,13 @@ from bus.admin import ensure_topics
 from bus.config import BusConfig
 from infra import stack
 from infra.errors import InfraError
+from infra.evaluator import evaluator_of
 from infra.kafka.cluster import REPO_ROOT, KafkaCluster
 from infra.launcher import Launcher, ServiceSpec
 from infra.monitor import RunMonitor, RunState
 from infra.prometheus import write_scrape_config
 from infra.run_config import RunConfig
-from infra.run_inputs import RunPaths, prepare_model, write_tasks
+from infra.run_inputs import RunPaths, prepare_model, write_eval_tasks, write_tasks
 from infra.scalars import ScalarWriter
 
 log = logging.getLogger("sflow.demo")
@@ -137,16 +138,21 @@ def _adapter_spec(paths: RunPaths, env: dict[str, str], inference: dict[str, Ser
                        health_url=f"http://127.0.0.1:{port}/health", metrics_url=f"http://127.0.0.1:{port}/metrics")
 
 
-def _rollout_spec(config: RunConfig, env: dict[str, str], adapter_port: int, api_key: str) -> ServiceSpec:
-    """The rollout workers, running the config's example."""
+def _rollout_specs(config: RunConfig, paths: RunPaths, env: dict[str, str], adapter_port: int,
+                   api_key: str) -> list[ServiceSpec]:
+    """The rollout workers, running the config's example, and its evaluator when `eval.enabled`."""
     agent, example = config.agent, config.example
-    return ServiceSpec("rollout-workers", "infra.rollout_workers", (
+    specs = [ServiceSpec("rollout-workers", "infra.rollout_workers", (
         # `--api-key=KEY`: a random key may begin with "-", which argparse would take for an option
         "--base-url", f"http://127.0.0.1:{adapter_port}/v1", f"--api-key={api_key}", "--model", MODEL_NAME,
         "--concurrency", str(agent.concurrency), "--max-turns", str(agent.max_turns),
         "--max-tokens", str(agent.max_tokens), "--temperature", str(agent.temperature),
         *(["--ignore-eos"] if agent.ignore_eos else []),
-        "--agent", example.agent, "--task", example.task or "", "--reward", example.reward), env)
+        "--agent", example.agent, "--task", example.task or "", "--reward", example.reward), env)]
+    if config.eval.enabled:
+        specs.insert(0, evaluator_of(config, paths.eval_tasks, f"http://127.0.0.1:{adapter_port}/v1", api_key,
+                                     MODEL_NAME, env))
+    return specs
 
 
 def service_specs(
@@ -181,7 +187,7 @@ def service_specs(
     adapter_port = free_port()
     specs += [_trainer_spec(config, paths, env, inference),
               _adapter_spec(paths, env, inference, adapter_port, api_key, admin_key),
-              _rollout_spec(config, env, adapter_port, api_key)]
+              *_rollout_specs(config, paths, env, adapter_port, api_key)]
     return specs
 
 
@@ -221,6 +227,7 @@ def run(
         ensure_topics(bus)
         prepare_model(config, paths)
         write_tasks(config, paths)
+        write_eval_tasks(config, paths)
         api_key, admin_key = secrets.token_urlsafe(16), secrets.token_urlsafe(16)
         scalars = ScalarWriter(paths.root / "tensorboard", paths.root.name, config.run.wandb_project
                                ) if config.run.tensorboard else None
@@ -230,11 +237,15 @@ def run(
         write_scrape_config(paths.root / "prometheus.yml", specs)
         for spec in specs:
             with console.status(f"starting {spec.name}"):
+                if spec.name == "rollout-workers" and config.eval.enabled:  # after the start evaluation (v0)
+                    monitor.wait_eval(0, config.eval.start_timeout_s)
                 launcher.start(spec)
         if on_started is not None:
             on_started(paths.root)
         follow(config, monitor, launcher, cluster, faults)
         launcher.stop("rollout-workers")
+        if config.eval.enabled and monitor.snapshot().steps >= config.run.max_steps:  # the end evaluation
+            monitor.wait_eval(config.run.max_steps, config.eval.end_timeout_s)
         adapter_stats = _adapter_stats(specs, admin_key)
         if unassembled := monitor.wait_assembled(60.0):
             log.warning("calls in no trajectory at shutdown", extra={"calls": unassembled})
@@ -333,6 +344,7 @@ def summarise(config: RunConfig, paths: RunPaths, monitor: RunMonitor) -> None:
         table.add_row(f"{metric.replace('_', ' ')}, first / last {k} steps", f"{at_start:.3f} / {at_end:.3f}")
     table.add_row("groups filtered (dynamic sampling)", str(len(s.filtered_groups)))
     table.add_row("collapse guard", s.collapse_verdict())
+    table.add_row("eval accuracy, start -> end", s.eval_start_end())
     stored = _analytics_counts(paths)
     table.add_row("analytics rows: llm_calls / trajectories",
                   f"{stored.get('llm_calls', 0)} / {stored.get('trajectories', 0)}")
@@ -346,6 +358,7 @@ def summarise(config: RunConfig, paths: RunPaths, monitor: RunMonitor) -> None:
                "health_first_last": {m: list(v) for m, v in health.items()},
                "filtered_groups": len(s.filtered_groups),
                "collapse": [{"step": step, "signals": list(sig)} for step, sig in s.collapse],
+               "eval": s.eval_summary(),
                "analytics_rows": stored,
                "charts": [str(c) for c in charts]}
     (paths.root / "summary.json").write_text(json.dumps(summary, indent=2))

@@ -13,6 +13,8 @@ The parts and the calls made (examples/calculator/README.md shows them written):
   `async arun(client, task, session_id)` runs one episode with the `openai.AsyncOpenAI` client it is
   given (the capture proxy's) and returns what the reward reads.
 - `reward(episode, task)` -> the session's reward (a float).
+- `score(episode, task)` -> a held-out task's score in [0, 1], averaged into the evaluation's accuracy
+  (infra/evaluation.py; the calculator: 1.0 when the final answer is right); without it, the reward.
 - `warmup(count, seed, **warmup_options)` -> the supervised warm-up's demonstration records
   (`{"messages": [...], "tools": [...]}`); or `warmup_file`, the same records as JSON Lines.
 """
@@ -91,6 +93,8 @@ class ExampleSection(BaseModel):
     task: Reference | None = Field(default=None, description="task(row): a dispatched row to the agent's task.")
     agent: Reference = Field(description="agent(model, max_turns=, max_tokens=, temperature=, ignore_eos=).")
     reward: Reference = Field(description="reward(episode, task) -> float, reported when the session ends.")
+    score: Reference | None = Field(default=None, description=(
+        "score(episode, task) -> float in [0, 1]: a held-out task's accuracy (None: the reward)."))
     warmup: Reference | None = Field(default=None, description="warmup(count, seed, **warmup_options) -> records.")
     warmup_file: Path | None = Field(default=None, description="Demonstration records (JSON Lines), instead.")
     warmup_options: dict[str, JsonValue] = Field(default={}, description="Keyword arguments of `warmup`.")
@@ -110,7 +114,7 @@ class ExampleSection(BaseModel):
         calls: list[tuple[str, str | None, int, Mapping[str, Any]]] = [
             ("tasks", self.tasks, 2, self.tasks_options), ("task", self.task, 1, {}),
             ("agent", self.agent, 1, dict.fromkeys(AGENT_SETTINGS, _ANY)), ("reward", self.reward, 2, {}),
-            ("warmup", self.warmup, 2, self.warmup_options)]
+            ("score", self.score, 2, {}), ("warmup", self.warmup, 2, self.warmup_options)]
         for field, reference, n_args, kwargs in calls:
             if reference is not None:
                 try:
@@ -125,6 +129,6 @@ CALCULATOR = ExampleSection(
     tasks="examples.calculator.tasks:make_arithmetic_tasks", tasks_options={"max_operand": 9},
     task="examples.calculator.tasks:task_from_row",
     agent="examples.calculator.agent:CalculatorAgent",
-    reward="examples.calculator.reward:shaped_reward",
+    reward="examples.calculator.reward:shaped_reward", score="examples.calculator.reward:correct",
     warmup="examples.calculator.warmup:demonstrations", warmup_options={"max_operand": 9, "direct_fraction": 0.5},
 )

@@ -16,6 +16,7 @@ from bus.config import BusConfig
 from bus.consumer import EventConsumer, Received, unique_group
 from infra.scalars import ScalarWriter
 from schemas import events as ev
+from schemas.rollout_events import is_held_out
 
 TOPICS = ("llm.calls", "trajectories", "train", "weights", "scheduler")
 BUSY = frozenset({"rollout", "train", "reference", "critic"})
@@ -50,11 +51,19 @@ HEALTH_METRICS = ("entropy", "response_length_mean", "truncated_fraction", "zero
                   "clip_fraction_low", "clip_fraction_high", "kl")
 
 
+def versions_text(versions: tuple[int, ...]) -> str:
+    """'v3', or 'v3-v4' for a result whose tokens span a weight update ('v?' : none known)."""
+    if not versions:
+        return "v?"
+    return f"v{versions[0]}" if len(versions) == 1 else f"v{versions[0]}-v{versions[-1]}"
+
+
 @dataclass
 class RunState:
     """Raw facts of a run, in event order."""
 
-    calls: int = 0
+    calls: int = 0  # of training rollouts (held-out evaluation calls are `held_out_calls`)
+    held_out_calls: int = 0
     output_tokens: list[tuple[int, int]] = field(default_factory=list)  # (completed ms, tokens)
     trajectories: int = 0
     ready_groups: int = 0
@@ -69,6 +78,7 @@ class RunState:
     health: list[dict[str, float]] = field(default_factory=list)  # HEALTH_METRICS of each completed step
     filtered_groups: set[str] = field(default_factory=set)  # left out by dynamic sampling (zero reward variance)
     collapse: list[tuple[int, tuple[str, ...]]] = field(default_factory=list)  # (step, collapse guard signals)
+    evals: dict[int, ev.EvalCompleted] = field(default_factory=dict)  # held-out evaluations by step
     end_ms: int = 0
     # Calls recorded but in no trajectory yet, and trajectory calls whose LLMCall is not seen yet (the
     # two topics are read independently, so either may come first).
@@ -131,6 +141,20 @@ class RunState:
         (first, _), (last, signals) = self.collapse[0], self.collapse[-1]
         return f"fired on {len(self.collapse)} step(s), first at step {first}; step {last}: " + "; ".join(signals)
 
+    def eval_start_end(self) -> str:
+        """Held-out accuracy at the first and the last evaluation, each with the versions it measured."""
+        if not self.evals:
+            return "no evaluation"
+        first, last = self.evals[min(self.evals)], self.evals[max(self.evals)]
+        ends = " -> ".join(f"{e.accuracy:.3f} ({e.trigger}, {versions_text(e.versions)})" for e in (first, last))
+        return f"{ends}; {len(self.evals)} evaluations, {self.held_out_calls} calls"
+
+    def eval_summary(self) -> list[dict[str, object]]:
+        """The evaluations for summary.json, in step order."""
+        return [{"step": e.step, "trigger": e.trigger, "accuracy": e.accuracy, "reward": e.reward_mean,
+                 "versions": list(e.versions), "num_tasks": e.num_tasks, "failed": e.failed}
+                for _, e in sorted(self.evals.items())]
+
     def _activities(self, rid: str) -> list[tuple[Span, str]]:
         """A resource's activity tags as (span, activity), each lasting until the next or the run's end."""
         spans = self.activity.get(rid, [])
@@ -171,9 +195,12 @@ class RunState:
         if isinstance(event, ev.TrainStepCompleted):
             self.filtered_groups.update(event.filtered_group_ids)
         if isinstance(event, ev.LLMCall):
-            self.calls += 1
+            if is_held_out(event.group_id):  # an evaluation's call: real engine work, but no rollout of training
+                self.held_out_calls += 1
+            else:
+                self.calls += 1
+                self.versions_per_call.append(tuple(sorted(set(event.output_versions.tolist()))))
             self.output_tokens.append((event.completed_ms, len(event.output_ids)))
-            self.versions_per_call.append(tuple(sorted(set(event.output_versions.tolist()))))
             for seg in event.segments:
                 self.generating[seg.resource_id].append((seg.started_ms, seg.ended_ms))
             if event.call_id in self.assembled_early:
@@ -181,7 +208,7 @@ class RunState:
             else:
                 self.unassembled.add(event.call_id)
         elif isinstance(event, ev.Trajectory):
-            self.trajectories += 1
+            self.trajectories += not is_held_out(event.group_id)
             for call_id in event.call_ids:
                 if call_id in self.unassembled:
                     self.unassembled.discard(call_id)
@@ -201,6 +228,8 @@ class RunState:
                     if i >= len(self.staleness):
                         self.staleness.append(0)
                     self.staleness[i] += n
+        elif isinstance(event, ev.EvalCompleted):
+            self.evals.setdefault(event.step, event)
         elif isinstance(event, ev.WeightsLoaded):
             self.pauses_ms.append(event.pause_ms)
         elif isinstance(event, ev.TagTransition) and event.tag_kind == ev.TagKind.ACTIVITY and event.to_tags:
@@ -253,6 +282,17 @@ class RunMonitor:
                 missing = len(self.state.unassembled)
             if not missing or time.monotonic() >= deadline:
                 return missing
+            time.sleep(0.2)
+
+    def wait_eval(self, step: int, timeout_s: float) -> bool:
+        """Waits until the held-out evaluation of `step` is recorded (False: not within `timeout_s`)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self._lock:
+                if step in self.state.evals:
+                    return True
+            if time.monotonic() >= deadline:
+                return False
             time.sleep(0.2)
 
     def snapshot(self) -> RunState:

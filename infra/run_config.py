@@ -42,6 +42,24 @@ class TasksSection(_Strict):
     seed: int = Field(default=7, description="Seed of the task generator (distinct from the warm-up's).")
 
 
+class EvalSection(_Strict):
+    """Held-out evaluation (infra/evaluation.py): tasks never trained on, run greedily (temperature 0) at the
+    start, every `every_steps` train steps and after the last, each result tagged with its weight versions."""
+
+    enabled: bool = Field(default=False, description="Run the evaluator (one more process in the agent fleet).")
+    tasks: int = Field(default=32, ge=1, description=(
+        "Held-out tasks: made by the example's `tasks` generator with `seed`, leaving out any task whose "
+        "content or id is a training task's."))
+    seed: int = Field(default=1007, description="Seed of the held-out tasks (must differ from tasks.seed).")
+    every_steps: int = Field(default=10, ge=1, description="Evaluate after every this many train steps.")
+    concurrency: int = Field(default=16, ge=1, description="Held-out sessions running at once.")
+    sync_wait_s: float = Field(default=30.0, ge=0, description=(
+        "How long a due evaluation waits for the engines to load the newest step's weights."))
+    start_timeout_s: float = Field(default=300.0, gt=0, description=(
+        "How long the run waits for the start evaluation before its rollout workers start anyway."))
+    end_timeout_s: float = Field(default=300.0, gt=0, description="How long it waits for the end evaluation.")
+
+
 class ResourceSection(_Strict):
     id: str = Field(min_length=1, description="Resource id.")
     cpus: tuple[int, ...] = Field(default=(), description="Cores the resource's processes may use.")
@@ -118,6 +136,7 @@ class RunConfig(_Strict):
     trainer: TrainerSection = TrainerSection()
     agent: AgentSection = AgentSection()
     run: RunSection = RunSection()
+    eval: EvalSection = EvalSection()
 
     @model_validator(mode="before")
     @classmethod
@@ -142,6 +161,18 @@ class RunConfig(_Strict):
         if limit is not None and limit != self.agent.max_tokens:
             raise ValueError(f"trainer.algorithm.max_response_tokens={limit} differs from agent.max_tokens="
                              f"{self.agent.max_tokens}: truncation would be measured against the wrong limit")
+        return self
+
+    @model_validator(mode="after")
+    def _held_out_is_held_out(self) -> RunConfig:
+        if not self.eval.enabled:
+            return self
+        if self.example.tasks is None:
+            raise ValueError(f"eval.enabled needs the example's task generator (example.tasks) to make held-out "
+                             f"tasks; example.tasks_file={str(self.example.tasks_file)!r} has no held-out part")
+        if self.eval.seed == self.tasks.seed:
+            raise ValueError(f"eval.seed={self.eval.seed} equals tasks.seed: the held-out tasks would be the "
+                             "training tasks")
         return self
 
     @model_validator(mode="after")

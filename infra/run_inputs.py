@@ -51,6 +51,10 @@ class RunPaths:
     def analytics(self) -> Path:
         return self.root / "analytics"
 
+    @property
+    def eval_tasks(self) -> Path:
+        return self.root / "eval_tasks.jsonl"
+
 
 def _warmup_source(example: ExampleSection) -> object:
     """What the demonstrations are made from, for the cache key (a file by its content)."""
@@ -113,6 +117,31 @@ def task_rows(tasks: Iterable[object], source: str) -> list[dict[str, Any]]:
     return rows
 
 
+def _write_rows(path: Path, rows: Iterable[dict[str, Any]]) -> None:
+    with path.open("w") as out:
+        out.writelines(json.dumps(row) + "\n" for row in rows)
+
+
+def write_eval_tasks(config: RunConfig, paths: RunPaths) -> list[dict[str, Any]]:
+    """The held-out tasks (infra/evaluation.py): the example's generator with `eval.seed`, none of them a
+    training task of the written tasks file (by content or id), checked again; none without `eval.enabled`."""
+    from infra.evaluation import disjoint, held_out_rows
+
+    if not config.eval.enabled:
+        return []
+    example = config.example
+    assert example.tasks is not None  # RunConfig refuses eval without a task generator
+    generator = load_reference(example.tasks)
+    source = f"example.tasks={example.tasks!r} (eval.seed={config.eval.seed})"
+    train = [json.loads(line) for line in paths.tasks.read_text().splitlines() if line.strip()]
+    rows = held_out_rows(lambda n, seed: task_rows(generator(n, seed, **example.tasks_options), source),
+                         config.eval.tasks, config.eval.seed, train)
+    if not disjoint(rows, train):
+        raise InfraError(f"{source}: held-out tasks overlap the training tasks")
+    _write_rows(paths.eval_tasks, rows)
+    return rows
+
+
 def write_tasks(config: RunConfig, paths: RunPaths) -> None:
     """The scheduler's dataset: the example's tasks file as is, or its generator's tasks, one per line."""
     example = config.example
@@ -121,6 +150,4 @@ def write_tasks(config: RunConfig, paths: RunPaths) -> None:
         return
     assert example.tasks is not None  # ExampleSection takes exactly one of tasks and tasks_file
     generated = load_reference(example.tasks)(config.tasks.count, config.tasks.seed, **example.tasks_options)
-    rows = task_rows(generated, f"example.tasks={example.tasks!r}")
-    with paths.tasks.open("w") as out:
-        out.writelines(json.dumps(row) + "\n" for row in rows)
+    _write_rows(paths.tasks, task_rows(generated, f"example.tasks={example.tasks!r}"))

@@ -71,6 +71,8 @@ class ScalarWriter:
                 self._emit(scalars, event.step)
         elif isinstance(event, ev.WeightsLoaded):
             self._emit({f"rollout/weight_sync_pause_ms/{event.resource_id}": event.pause_ms}, event.version)
+        elif isinstance(event, ev.EvalCompleted):  # held-out accuracy at the train step it was due
+            self._emit({"eval/accuracy": event.accuracy, "eval/reward": event.reward_mean}, event.step)
 
     def _emit(self, scalars: dict[str, float], step: int) -> None:
         for tag, value in scalars.items():

@@ -37,7 +37,7 @@ from schemas.scheduling_events import (
     TagKind,
     TagTransition,
 )
-from schemas.training_events import TrainData, TrainStepCompleted, TrainStepStarted
+from schemas.training_events import EvalCompleted, TrainData, TrainStepCompleted, TrainStepStarted
 from schemas.weight_events import (
     ControlAck,
     LoadWeights,
@@ -51,7 +51,8 @@ from schemas.weight_events import (
 )
 
 __all__ = [
-    "EVENT_TYPES", "RECORD_TYPES", "Assignment", "BatchReady", "ControlAck", "DeadLetter", "Event", "Heartbeat",
+    "EVENT_TYPES", "RECORD_TYPES", "Assignment", "BatchReady", "ControlAck", "DeadLetter", "EvalCompleted", "Event",
+    "Heartbeat",
     "LLMCall", "LoadWeights", "MetricSample", "PauseMode", "PauseRollout", "Preemption", "Record", "ResourceLost",
     "ResourceRegistered", "ResumeRollout", "SchedulerCheckpoint", "SchedulerObserved", "Segment", "SessionEnded",
     "SessionStarted", "SessionStatus", "TagKind", "TagTransition", "TaskCompleted", "TaskDispatched", "TrainData",
@@ -67,7 +68,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         ResourceRegistered, Heartbeat, ResourceLost, TagTransition, Preemption, Assignment,
         PauseRollout, ResumeRollout, LoadWeights, ControlAck, WeightsPublished, WeightsLoaded,
         TrainStepStarted, TrainStepCompleted, MetricSample, DeadLetter,
-        SchedulerObserved, SchedulerCheckpoint, TrainData, WeightSyncStarted, WeightSyncCompleted,
+        SchedulerObserved, SchedulerCheckpoint, TrainData, WeightSyncStarted, WeightSyncCompleted, EvalCompleted,
     )
 }
 

@@ -11,6 +11,17 @@ from dataclasses import dataclass, field
 from schemas.envelope import Event, Record, packed
 from schemas.packed import Float32s, Int32s, UInt8s
 
+#: The group id of every held-out evaluation session starts with this (infra/evaluation.py). Such a group
+#: is never trained on: the scheduler never dispatched it (its train steps only name groups it dispatched)
+#: and the trainer buffers none of its trajectories, so neither dynamic sampling nor a standalone step
+#: can pick it up even if it completed.
+HELD_OUT_GROUP_PREFIX = "heldout/"
+
+
+def is_held_out(group_id: str) -> bool:
+    """The group is a held-out evaluation's (never trained on)."""
+    return group_id.startswith(HELD_OUT_GROUP_PREFIX)
+
 
 class SessionStatus(enum.StrEnum):
     COMPLETED = "completed"  # the agent reported its reward

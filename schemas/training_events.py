@@ -68,3 +68,32 @@ class TrainStepCompleted(Event):
     @property
     def key(self) -> str:
         return self.run_id
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvalCompleted(Event):
+    run_id: str
+    eval_id: str
+    step: int
+    trigger: str
+    num_tasks: int
+    accuracy: float
+    reward_mean: float
+    versions: tuple[int, ...] = ()
+    task_ids: tuple[str, ...] = ()
+    task_scores: tuple[float, ...] = ()
+    task_min_versions: tuple[int, ...] = ()
+    task_max_versions: tuple[int, ...] = ()
+    failed: int = 0
+    temperature: float = 0.0
+    tasks_seed: int = 0
+    duration_ms: float = 0.0
+
+    @property
+    def key(self) -> str:
+        return self.run_id
+
+    @property
+    def pinned(self) -> bool:
+        """Every token of the evaluation came from one weight version."""
+        return len(self.versions) == 1

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from schemas.events import BatchReady, Trajectory
+from schemas.rollout_events import is_held_out
 from trainer_svc.buffer import GroupBuffer, PendingStep, Position
 from trainer_svc.collapse_guard import StepMetrics
 from trainer_svc.errors import CheckpointError
@@ -134,7 +135,9 @@ class Ledger:
         self.next_offsets[(position.topic, position.partition)] = position.offset + 1
 
     def add_trajectory(self, t: Trajectory, position: Position) -> str:
-        """Buffers a trajectory; returns what happened to it (buffered, duplicate, late)."""
+        """Buffers a trajectory; returns what happened to it (buffered, duplicate, late, held_out)."""
+        if is_held_out(t.group_id):
+            return "held_out"  # an evaluation's session: never trained on, so never buffered
         if t.trajectory_id in self.done_trajectories:
             return "duplicate"
         key = t.group_id or t.trajectory_id
@@ -159,6 +162,8 @@ class Ledger:
             self.groups.pop(key, None)
 
     def add_batch_ready(self, b: BatchReady, position: Position) -> str:
+        if is_held_out(b.group_id):
+            return "held_out"
         if b.group_id in self.done_groups:
             return "late"
         group = self.groups.setdefault(b.group_id, GroupBuffer(b.group_id))

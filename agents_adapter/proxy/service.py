@@ -347,6 +347,8 @@ class AdapterService:
             "drift": any(p.drift for p in prompts),
             "parent_call_id": prompts[0].parent_call_id if prompts else "",
             "segments": [len(r.call.segments) for r in replies],
+            # the weight versions each reply's tokens came from (what an evaluation is tagged with)
+            "weight_versions": [sorted({int(v) for v in r.call.versions}) for r in replies],
         }
         return Served(f"{kind}-{uuid.uuid4().hex}", ctx.session_id, replies, prompt_tokens, logprobs, extra)
 

@@ -26,6 +26,11 @@ def shaped_reward(result: EpisodeResult, task: ArithmeticTask) -> float:
     return FORMAT_REWARD * used_tool + REPORT_REWARD * reported + CORRECT_REWARD * correct
 
 
+def correct(result: EpisodeResult, task: ArithmeticTask) -> float:
+    """A held-out task's score (the evaluation's accuracy): the final answer is right, whatever the route."""
+    return verify(result.answer, task)
+
+
 def _number(text: str) -> float:
     try:
         return float(text)

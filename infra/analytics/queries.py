@@ -247,6 +247,19 @@ WHERE event_type = 'TrainStepCompleted' AND status != 'skipped'
 ORDER BY run, step""",
     ),
     Query(
+        "eval",
+        "Held-out accuracy per evaluation, with the weight versions it measured",
+        "Per run and evaluation (EvalCompleted): the train steps done, why it ran (start / every / end), "
+        "accuracy and reward on the held-out tasks (greedy), the weight versions of its tokens (pinned: "
+        "one version) and the sessions that failed.",
+        """
+SELECT run_id AS run, step, trigger, round(accuracy, 4) AS accuracy, round(reward_mean, 4) AS reward,
+       arrayStringConcat(arrayMap(v -> toString(v), versions), ', ') AS versions, pinned,
+       num_tasks AS tasks, failed, round(duration_ms / 1000, 1) AS seconds
+FROM {db}.evals FINAL
+ORDER BY run, step""",
+    ),
+    Query(
         "scheduler",
         "Scheduler decisions per resource",
         "Per resource: preemptions it suffered, SPMD assignments it took part in, activity and capability "

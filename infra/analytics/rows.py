@@ -209,6 +209,16 @@ def _train(e: ev.TrainStepStarted | ev.TrainStepCompleted) -> _Rows:
     })]
 
 
+def _eval(e: ev.EvalCompleted) -> _Rows:
+    return [("evals", {
+        "run_id": e.run_id, "eval_id": e.eval_id, "step": e.step, "trigger": e.trigger, "num_tasks": e.num_tasks,
+        "accuracy": e.accuracy, "reward_mean": e.reward_mean, "versions": list(e.versions), "pinned": e.pinned,
+        "task_ids": list(e.task_ids), "task_scores": list(e.task_scores),
+        "task_min_versions": list(e.task_min_versions), "task_max_versions": list(e.task_max_versions),
+        "failed": e.failed, "temperature": e.temperature, "tasks_seed": e.tasks_seed, "duration_ms": e.duration_ms,
+    })]
+
+
 def _train_data(e: ev.TrainData) -> _Rows:
     return [("train_data", {
         "run_id": e.run_id, "assignment_id": e.assignment_id, "step": e.step, "group_ids": list(e.group_ids),
@@ -266,6 +276,7 @@ _BUILDERS: Final[dict[type[ev.Event], Callable[[Any], _Rows]]] = {
     ev.TrainStepStarted: _train, ev.TrainStepCompleted: _train, ev.MetricSample: _metric,
     ev.DeadLetter: _dead_letter, ev.TrainData: _train_data, ev.SchedulerObserved: _journal,
     ev.SchedulerCheckpoint: _journal, ev.WeightSyncStarted: _weights, ev.WeightSyncCompleted: _weights,
+    ev.EvalCompleted: _eval,
 }
 
 

@@ -152,6 +152,14 @@ TABLES: Final[tuple[Table, ...]] = (
         ("zero_variance_fraction", "Float64"), ("filtered_group_ids", "Array(String)"),
         ("collapse_signals", "Array(String)"),
     )),
+    Table("evals", "EvalCompleted: held-out accuracy and reward, with the weight versions of its tokens", (
+        ("run_id", "LowCardinality(String)"), ("eval_id", "String"), ("step", "Int64"),
+        ("trigger", "LowCardinality(String)"), ("num_tasks", "UInt32"), ("accuracy", "Float64"),
+        ("reward_mean", "Float64"), ("versions", "Array(Int64)"), ("pinned", "Bool"),
+        ("task_ids", "Array(String)"), ("task_scores", "Array(Float64)"), ("task_min_versions", "Array(Int64)"),
+        ("task_max_versions", "Array(Int64)"), ("failed", "UInt32"), ("temperature", "Float64"),
+        ("tasks_seed", "Int64"), ("duration_ms", "Float64"),
+    )),
     Table("train_data", "TrainData: the groups (and their versions) an assignment's train step reads", (
         ("run_id", "LowCardinality(String)"), ("assignment_id", "String"), ("step", "Int64"),
         ("group_ids", "Array(String)"), ("group_versions", "Array(Int64)"), ("final", "Bool"),

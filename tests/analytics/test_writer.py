@@ -159,3 +159,19 @@ def test_train_steps_keep_the_step_metrics_and_the_health_query_shows_them(store
     assert (row["step"], row["entropy"], row["response_length"], row["truncated"]) == (1, 1.25, 79.5, 0.75)
     assert (row["zero_variance"], row["clip_low"], row["clip_high"], row["filtered"]) == (1.0, 0.01, 0.02, 2)
     assert row["collapse"] == "length_runaway: x; zero_variance: y"
+
+
+def test_evaluations_are_stored_with_their_versions_and_the_eval_query_shows_them(store: ChdbStore) -> None:
+    from infra.analytics.queries import CANNED
+
+    writer = AnalyticsWriter(store)
+    start = example(ev.EvalCompleted, 1, run_id="r", step=0, trigger="start", accuracy=0.25, reward_mean=0.5,
+                    versions=(0,), task_scores=(0.0, 1.0), failed=0)
+    end = example(ev.EvalCompleted, 2, run_id="r", step=40, trigger="end", accuracy=0.75, reward_mean=0.8,
+                  versions=(39, 40), task_scores=(1.0, 0.5), failed=1)
+    for i, e in enumerate((end, start, start)):  # a copy re-read collapses
+        writer.add(received(e, offset=i))
+    writer.flush()
+    rows = CANNED["eval"].run(store).dicts()
+    assert [(r["step"], r["trigger"], r["accuracy"], r["versions"], r["pinned"], r["failed"]) for r in rows] == [
+        (0, "start", 0.25, "0", True, 0), (40, "end", 0.75, "39, 40", False, 1)]

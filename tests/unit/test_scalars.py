@@ -26,8 +26,9 @@ def test_steps_and_weight_loads_are_read_back_by_tensorboard(tmp_path: Path) -> 
                      staleness_histogram=(3, 1), status="completed") for i in (1, 2, 3)]
     skipped = example(ev.TrainStepCompleted, 4, step=4, status="skipped")
     loaded = example(ev.WeightsLoaded, 0, resource_id="r0", version=2, pause_ms=42.0)
+    evaluated = example(ev.EvalCompleted, 0, step=3, accuracy=0.375, reward_mean=0.5)
     writer = ScalarWriter(tmp_path / "tb", "run-x")
-    for event in [*steps, steps[1], skipped, loaded]:  # steps[1] again: a re-published step, written once
+    for event in [*steps, steps[1], skipped, loaded, evaluated]:  # steps[1] again: a re-published step, written once
         writer.write(event)
     writer.close()
 
@@ -37,7 +38,8 @@ def test_steps_and_weight_loads_are_read_back_by_tensorboard(tmp_path: Path) -> 
     assert scalars["train/step_seconds"] == [(i, pytest.approx(1.5 * i)) for i in (1, 2, 3)]
     assert scalars["train/stale_tokens_fraction"] == [(i, pytest.approx(0.25)) for i in (1, 2, 3)]
     assert scalars["rollout/weight_sync_pause_ms/r0"] == [(2, pytest.approx(42.0))]
-    assert set(scalars) == {*step_scalars(steps[0]), "rollout/weight_sync_pause_ms/r0"}
+    assert scalars["eval/accuracy"] == [(3, pytest.approx(0.375))]
+    assert set(scalars) == {*step_scalars(steps[0]), "rollout/weight_sync_pause_ms/r0", "eval/accuracy", "eval/reward"}
 
 
 def test_a_skipped_step_has_no_scalars() -> None:

@@ -144,7 +144,8 @@ def _strategy(hint: Any, avro_type: Any, packed: type[PackedArray] | None) -> st
         return st.lists(_record_strategy(item, avro_type["items"]), max_size=3).map(tuple)
     if origin is tuple:
         inner = avro_type["items"]
-        return st.lists(_TEXT if inner == "string" else _LONG, max_size=4).map(tuple)
+        items = {"string": _TEXT, "double": st.floats(allow_nan=False)}.get(inner, _LONG)
+        return st.lists(items, max_size=4).map(tuple)
     if origin is dict:
         return st.dictionaries(_TEXT, _TEXT, max_size=3)
     if hint is bool:
