@@ -2,10 +2,11 @@
 
 1. Encode+decode of one LLMCall (2,000 prompt + 500 output tokens): packed `bytes` token fields (what
    the project ships) vs the same record with `array<int>` / `array<float>` fields, in the same run.
-2. Produce -> consume on a local broker started for the run: throughput and p50/p99 latency of the
-   same event (idempotent producer, acks=all, lz4).
+2. Produce -> consume on a local broker started for the run: throughput (a consumer thread reads while
+   the producer writes, as services consume while proxies produce) and p50/p99 latency of the same event
+   (idempotent producer, acks=all, the producer's default batching and compression unless overridden).
 
-Run: .venv/bin/python bench/bus_bench.py  [--calls N]
+Run: .venv/bin/python bench/bus_bench.py  [--calls N] [--compression lz4|zstd|none] [--linger-ms MS]
 """
 
 from __future__ import annotations
