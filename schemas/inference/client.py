@@ -41,6 +41,7 @@ from schemas.inference.protocol import (
 from schemas.inference.types import EngineStats, WeightUpdateResult
 
 _T = TypeVar("_T")
+_KEEPALIVE_S = 4.0
 
 
 
@@ -116,7 +117,10 @@ class InferenceClient:
         if self._session is None:
             self._session = aiohttp.ClientSession(
                 headers=self._headers, timeout=self._timeout,
-                connector=aiohttp.TCPConnector(limit=self._max_connections), json_serialize=json.dumps,
+                # idle connections are dropped before uvicorn's 5 s keep-alive (the engine's, SGLang's) closes
+                # them: a request sent on a connection the server is closing would fail as a connection error
+                connector=aiohttp.TCPConnector(limit=self._max_connections, keepalive_timeout=_KEEPALIVE_S),
+                json_serialize=json.dumps,
             )
         return self._session
 
