@@ -20,7 +20,10 @@ own process. Then, in one run:
 First, right after start-up: the proxy's RSS (at most 250 MB: it imports no torch) and whether torch
 is mapped into its process.
 
-    .venv/bin/python bench/adapter_bench.py [--sessions 64] [--turns 8] [--open-sessions 1000]
+    .venv/bin/python bench/adapter_bench.py [--sessions 64] [--turns 8] [--open-sessions 1000] [--profile 20]
+
+`--profile N` runs the proxy under cProfile for the last back-to-back round and prints where its event-loop
+thread's CPU goes (docs/architecture.md, "Proxy CPU").
 
 Final line: `ratio proxy/direct p50 latency: X.XXx`.
 """
@@ -30,8 +33,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import pstats
 import random
+import re
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -58,6 +64,38 @@ from infra.kafka.cluster import KafkaCluster, free_base_port  # noqa: E402
 KEY = "bench-key"
 ADMIN = "bench-admin"
 WORDS = ("alpha", "beta", "gamma", "delta", "sum", "of", "twelve", "and", "seven", "please", "compute", "then")
+
+
+# The proxy under cProfile with a CPU-time clock of its own thread (wall time would charge it with the other
+# processes of a loaded machine): SIGUSR2 starts a profile, SIGUSR1 writes it to argv[1].
+PROFILED_PROXY = """
+import cProfile, runpy, signal, sys, time
+out, prof = sys.argv[1], cProfile.Profile(time.thread_time)
+signal.signal(signal.SIGUSR2, lambda *_: (prof.clear(), prof.enable()))
+signal.signal(signal.SIGUSR1, lambda *_: (prof.disable(), prof.dump_stats(out)))
+sys.argv = ["agents_adapter.proxy", *sys.argv[2:]]
+runpy.run_module("agents_adapter.proxy", run_name="__main__")
+"""
+
+
+def print_profile(path: Path, top: int, calls: int) -> None:
+    """The profiled round's costliest functions (own time) and packages, per proxied call."""
+    deadline = time.monotonic() + 10
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    stats: Any = pstats.Stats(str(path))
+    calls = max(1, calls)
+    by_package: Counter[str] = Counter()
+    for (file, _, name), (_, _, own, _, _) in stats.stats.items():
+        found = re.search(r"site-packages/([^/]+)/", file)
+        by_package[found.group(1) if found else file.replace(str(REPO) + "/", "") if file != "~" else name] += own
+    print(f"\nproxy profile, event-loop thread CPU (cProfile's overhead included): {stats.total_tt / calls * 1000:.2f} "
+          f"ms/call over {calls} calls\n{'ms/call':>8}  package or file")
+    for where, own in by_package.most_common(top):
+        print(f"{own / calls * 1000:>8.3f}  {where}")
+    print(f"{'ms/call':>8}  function (own time)")
+    for (file, line, name), (_, _, own, _, _) in sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:top]:
+        print(f"{own / calls * 1000:>8.3f}  {file.replace(str(REPO) + '/', '')}:{line}({name})")
 
 
 def free_port() -> int:
@@ -145,6 +183,9 @@ def main() -> None:
     parser.add_argument("--think-ms", type=float, default=5000.0,
                         help="agent time between turns, uniform in [0, think-ms] (0: back-to-back calls)")
     parser.add_argument("--bootstrap", default="", help="use this Kafka instead of starting one")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="run the proxy under cProfile (CPU time of its event-loop thread) for the back-to-back "
+                             "phase and print its N costliest functions and packages")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="adapter-bench-"))
     cluster = None
@@ -166,7 +207,8 @@ def main() -> None:
         procs.append(start(["-m", "inference_svc", "--model-path", str(model), "--port", str(engine_port),
                             "--max-running-requests", "64", "--num-threads", "1", "--log-level", "warning"],
                            threads, engine_log))
-        procs.append(start(["-m", "agents_adapter.proxy", "--model-path", str(model), "--port", str(proxy_port),
+        profiled = ["-c", PROFILED_PROXY, str(work / "proxy.prof")] if args.profile else ["-m", "agents_adapter.proxy"]
+        procs.append(start([*profiled, "--model-path", str(model), "--port", str(proxy_port),
                             "--endpoint", f"rollout-0=http://127.0.0.1:{engine_port}", "--no-routing-from-events",
                             "--bootstrap-servers", bootstrap, "--topic-prefix", bus.topic_prefix,
                             "--session-cache-size", str(max(10_000, 2 * args.open_sessions)),
@@ -181,6 +223,8 @@ def main() -> None:
         proxy_proc = psutil.Process(procs[1].pid)
         startup_footprint(proxy_proc)
         asyncio.run(measure(args, codec, engine_url, proxy_url, model.name, proxy_proc))
+        if args.profile:
+            print_profile(work / "proxy.prof", args.profile, args.sequential_turns)
     finally:
         for proc in procs:
             proc.terminate()
@@ -257,6 +301,8 @@ async def latency_table(args: argparse.Namespace, direct: Turn, through_proxy: C
         for r in range(rounds):  # alternate, so both paths see the same background load
             latencies, errors = await run_sessions(sessions, direct, turns, 1 + r, think)
             direct_ms, direct_err = direct_ms + latencies, direct_err + errors
+            if args.profile and phase == 0 and r == rounds - 1:
+                proxy_proc.send_signal(signal.SIGUSR2)  # profile the last back-to-back round
             cpu_before = proxy_proc.cpu_times()
             latencies, errors = await run_sessions(sessions, through_proxy(f"lat{phase}-{r}"), turns, 1 + r, think)
             cpu_after = proxy_proc.cpu_times()
@@ -271,6 +317,8 @@ async def latency_table(args: argparse.Namespace, direct: Turn, through_proxy: C
         print(f"{label + ': added by the proxy':<54}{p50 - d50:>9.2f}{p99 - d99:>9.2f}"
               f"   (proxy CPU {cpu_ms / max(1, len(proxy_ms)):.2f} ms/call)")
         ratio = p50 / d50
+        if args.profile and phase == 0:
+            proxy_proc.send_signal(signal.SIGUSR1)
     return ratio
 
 

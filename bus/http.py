@@ -37,6 +37,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import uuid
 from collections.abc import AsyncIterable, Mapping
 from dataclasses import dataclass, field
@@ -127,12 +128,44 @@ def parse_json_body(raw: bytes, max_depth: int, *, strict_numbers: bool = False)
         raise BodyTooDeep(f"the body nests deeper than max_json_depth={max_depth}") from e
     except ValueError as e:
         raise MalformedJson(f"malformed JSON body: {e}") from e
-    check_json_tree(data, max_depth, strict_numbers=strict_numbers)
+    check_json_tree(data, max_depth, strict_numbers=strict_numbers, texts=_SURROGATE_ESCAPE.search(text) is not None)
     return data
 
 
-def check_json_tree(root: Any, max_depth: int, *, strict_numbers: bool = False) -> None:
-    """Walks a parsed body without recursion (a deep body must not exhaust the stack here either)."""
+# A lone surrogate can reach a parsed string only through a \uD800-\uDFFF escape (the body decoded as strict
+# UTF-8 holds none): a body without one needs no per-string check.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _certainly_fits(root: Any, max_depth: int, strict_numbers: bool, texts: bool) -> bool:
+    """The walk of the common case, building no path strings (they were most of a chat request's check):
+    True when nothing in the tree can fail a check; False sends it to the walk that names the fault."""
+    stack: list[tuple[Any, int]] = [(root, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > max_depth:
+            return False
+        if texts and not all(k.isascii() for k in node if isinstance(node, dict)):
+            return False
+        for value in node.values() if isinstance(node, dict) else node:
+            kind = type(value)
+            if kind is dict or kind is list:
+                stack.append((value, depth + 1))
+            elif kind is str:
+                if texts and not value.isascii():
+                    return False
+            elif strict_numbers and ((kind is int and not -_INT64 <= value < _INT64)
+                                     or (kind is float and not math.isfinite(value))):
+                return False
+    return True
+
+
+def check_json_tree(root: Any, max_depth: int, *, strict_numbers: bool = False, texts: bool = True) -> None:
+    """Walks a parsed body without recursion (a deep body must not exhaust the stack here either).
+    `texts=False`: no string can hold a lone surrogate (see `_SURROGATE_ESCAPE`), only depth and numbers
+    are checked."""
+    if isinstance(root, dict | list) and _certainly_fits(root, max_depth, strict_numbers, texts):
+        return
     if isinstance(root, str):
         _check_text(root, "body")
     if not isinstance(root, dict | list):

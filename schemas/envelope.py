@@ -137,10 +137,7 @@ def _field_codec(
 
 def _to_record(obj: Any) -> dict[str, Any]:
     try:
-        return {
-            avro: getattr(obj, attr) if enc is None else enc(getattr(obj, attr))
-            for attr, avro, enc, _ in _converters(obj.__class__)
-        }
+        return _codecs(obj.__class__)[0](obj)
     except (TypeError, ValueError) as e:
         raise EncodeError(f"{type(obj).__name__}: {e}") from e
 
@@ -149,9 +146,26 @@ def _from_record(cls: Any, record: dict[str, Any]) -> Any:
     """Builds the dataclass without running __init__: the reader schema guarantees every field and its
     type, and packed fields are already wrapped, so the hot decode path skips the checks of __init__."""
     try:
-        values = {attr: record[avro] if dec is None else dec(record[avro]) for attr, avro, _, dec in _converters(cls)}
+        return _codecs(cls)[1](record)
     except (KeyError, TypeError, ValueError) as e:
         raise DecodeError(f"{cls.__name__}: {type(e).__name__}: {e}") from e
-    obj = object.__new__(cls)
-    obj.__dict__.update(values)
-    return obj
+
+
+@cache
+def _codecs(cls: Any) -> tuple[Callable[[Any], dict[str, Any]], Callable[[dict[str, Any]], Any]]:
+    """The record <-> dataclass functions of a class, compiled once from its converters: one dict literal
+    each way instead of a loop over (attribute, field, converter) tuples, which was most of the typed
+    codec's cost around fastavro (bench/bus_bench.py, "full event path")."""
+    scope: dict[str, Any] = {"_new": object.__new__, "_cls": cls}
+    to_items, from_items = [], []
+    for i, (attr, avro, enc, dec) in enumerate(_converters(cls)):
+        scope[f"_e{i}"], scope[f"_d{i}"] = enc, dec
+        value = f"obj.{attr}"
+        to_items.append(f"{avro!r}: {value if enc is None else f'_e{i}({value})'}")
+        item = f"record[{avro!r}]"
+        from_items.append(f"{attr!r}: {item if dec is None else f'_d{i}({item})'}")
+    source = (f"def to_record(obj):\n    return {{{', '.join(to_items)}}}\n"
+              f"def from_record(record):\n    values = {{{', '.join(from_items)}}}\n"
+              "    obj = _new(_cls)\n    obj.__dict__.update(values)\n    return obj\n")
+    exec(compile(source, f"<record codec of {cls.__name__}>", "exec"), scope)
+    return scope["to_record"], scope["from_record"]

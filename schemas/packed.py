@@ -57,24 +57,37 @@ class PackedArray(Sequence[Any]):
     and `+` concatenates as for tuples.
     """
 
-    __slots__ = ("_arr", "_raw")
+    __slots__ = ("_array", "_raw")
     DTYPE: str = INT32
+    _ITEMSIZE: int = 4
 
     def __init__(self, values: Iterable[Any] | bytes | np.ndarray = ()) -> None:
-        if type(values) is bytes:  # the decode path: wrap the message's bytes
-            self._arr, self._raw = unpack(values, self.DTYPE), values
+        if type(values) is bytes:  # the decode path: wrap the message's bytes; the view is made when read
+            if len(values) % self._ITEMSIZE:
+                raise DecodeError(f"packed {self.DTYPE} field has {len(values)} bytes, "
+                                  f"not a multiple of {self._ITEMSIZE}")
+            self._array, self._raw = None, values
             return
         if isinstance(values, PackedArray) and values.DTYPE == self.DTYPE:
-            self._arr, self._raw = values._arr, values._raw
+            self._array, self._raw = values._array, values._raw
             return
         if isinstance(values, (bytes, bytearray, memoryview)):
             raw = bytes(values)
-            self._arr, self._raw = unpack(raw, self.DTYPE), raw
+            self._array, self._raw = unpack(raw, self.DTYPE), raw
             return
         seq = values if isinstance(values, np.ndarray) else np.asarray(list(values) if not isinstance(
             values, (list, tuple)) else values)
         self._raw = pack(seq, self.DTYPE) if seq.size else b""
-        self._arr = unpack(self._raw, self.DTYPE)
+        self._array = unpack(self._raw, self.DTYPE)
+
+    @property
+    def _arr(self) -> np.ndarray:
+        """The numpy view of the bytes, made on first use (a decoded event that is only forwarded or
+        compared never needs it)."""
+        arr = self._array
+        if arr is None:
+            arr = self._array = np.frombuffer(self._raw, dtype=self.DTYPE)
+        return arr
 
     @classmethod
     def from_bytes(cls, data: bytes) -> PackedArray:
@@ -97,7 +110,7 @@ class PackedArray(Sequence[Any]):
         return self._arr.copy() if copy else self._arr
 
     def __len__(self) -> int:
-        return len(self._arr)
+        return len(self._raw) // self._ITEMSIZE
 
     def __getitem__(self, index: Any) -> Any:
         if isinstance(index, slice):
@@ -142,6 +155,7 @@ class Float32s(PackedArray):
 
     __slots__ = ()
     DTYPE = FLOAT32
+    _ITEMSIZE = 4
 
 
 class UInt8s(PackedArray):
@@ -149,3 +163,4 @@ class UInt8s(PackedArray):
 
     __slots__ = ()
     DTYPE = UINT8
+    _ITEMSIZE = 1

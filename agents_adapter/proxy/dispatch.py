@@ -26,8 +26,6 @@ import logging
 import time
 from dataclasses import dataclass, field, replace
 
-import httpx
-
 from agents_adapter.errors import (
     EngineFailedError,
     EngineRejectedError,
@@ -120,9 +118,7 @@ class Dispatcher:
     def client(self, endpoint: str) -> InferenceClient:
         client = self._clients.get(endpoint)
         if client is None:
-            limits = httpx.Limits(max_connections=self.max_connections, max_keepalive_connections=self.max_connections)
-            client = InferenceClient(endpoint, timeout_s=self.request_timeout_s,
-                                     transport=httpx.AsyncHTTPTransport(limits=limits))
+            client = InferenceClient(endpoint, timeout_s=self.request_timeout_s, max_connections=self.max_connections)
             self._clients[endpoint] = client
         return client
 

@@ -9,18 +9,24 @@ Every request carries `Authorization: Bearer <key>` when a control key is known:
 argument, else `$SFLOW_INFERENCE_KEY` (the variable the service reads too), so callers that share the
 service's environment (the proxy, the tests, RemoteEngineControl) need no change. SGLang launched with
 `--api-key` checks the same header.
+
+HTTP is aiohttp's: the proxy makes one engine request per call, and httpx's stack (httpx, httpcore, anyio,
+h11) cost about 0.5 ms of CPU per request against aiohttp's 0.15 ms (bench/adapter_bench.py's profile,
+docs/architecture.md "Proxy CPU").
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from collections.abc import Coroutine
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-import httpx
+import aiohttp
 
 from schemas.inference.control import EngineControl, control_key_from_env
 from schemas.inference.errors import InferenceHTTPError
@@ -35,6 +41,7 @@ from schemas.inference.protocol import (
 from schemas.inference.types import EngineStats, WeightUpdateResult
 
 _T = TypeVar("_T")
+_KEEPALIVE_S = 4.0
 
 
 
@@ -57,23 +64,43 @@ def generate_payload(
     return request.model_dump(exclude_none=True, exclude_defaults=True) | {"input_ids": input_ids}
 
 
+@dataclass(frozen=True)
+class _Reply:
+    """A read HTTP response: status and body (the connection is back in the pool)."""
+
+    status_code: int
+    content: bytes
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", "replace")
+
+    def json(self) -> Any:
+        return json.loads(self.content)
+
+
 class InferenceClient:
-    """One inference server (native or SGLang) at `base_url`."""
+    """One inference server (native or SGLang) at `base_url`.
+
+    The connection pool is made on the first request, in the event loop that makes it (aiohttp binds a
+    session to its loop; `RemoteEngineControl` builds the client outside its loop)."""
 
     def __init__(
         self,
         base_url: str,
         *,
         timeout_s: float = 600.0,
-        transport: httpx.AsyncBaseTransport | None = None,
+        max_connections: int = 100,
         control_key: str | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         if control_key is None:
             from_env = control_key_from_env()
             control_key = None if from_env is None else from_env.get_secret_value()
-        headers = {"Authorization": f"Bearer {control_key}"} if control_key else None
-        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout_s, transport=transport, headers=headers)
+        self._headers = {"Authorization": f"Bearer {control_key}"} if control_key else {}
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._max_connections = max_connections
+        self._session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> InferenceClient:
         return self
@@ -82,12 +109,31 @@ class InferenceClient:
         await self.aclose()
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
 
-    async def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> httpx.Response:
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                headers=self._headers, timeout=self._timeout,
+                # idle connections are dropped before uvicorn's 5 s keep-alive (the engine's, SGLang's) closes
+                # them: a request sent on a connection the server is closing would fail as a connection error
+                connector=aiohttp.TCPConnector(limit=self._max_connections, keepalive_timeout=_KEEPALIVE_S),
+                json_serialize=json.dumps,
+            )
+        return self._session
+
+    async def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> _Reply:
+        data = None if body is None else json.dumps(body).encode()
+        headers = None if body is None else {"Content-Type": "application/json"}
+        async with self._http().request(method, f"{self.base_url}{path}", data=data, headers=headers) as response:
+            return _Reply(response.status, await response.read())
+
+    async def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> _Reply:
         try:
-            response = await self._http.request(method, path, json=body)
-        except httpx.HTTPError as e:
+            response = await self._request(method, path, body)
+        except (aiohttp.ClientError, TimeoutError) as e:  # TimeoutError: aiohttp's own timeout_s, not a caller's
             raise InferenceHTTPError(503, "connection_error", f"{method} {self.base_url}{path}: {e!r}") from e
         if response.status_code >= 400:
             raise _http_error(response)
@@ -104,7 +150,7 @@ class InferenceClient:
         """Token-in / token-out generation. finish_type 'abort' carries the partial output."""
         payload = generate_payload(input_ids, sampling_params, rid=rid, return_logprob=return_logprob)
         response = await self._call("POST", "/generate", payload)
-        return GenerateResponse.model_validate(response.json())
+        return GenerateResponse.model_validate_json(response.content)
 
     async def pause(self, mode: str = "abort") -> ControlResponse:
         response = await self._call("POST", "/pause_generation", {"mode": mode})
@@ -141,8 +187,8 @@ class InferenceClient:
 
     async def health(self) -> bool:
         try:
-            response = await self._http.get("/health_generate")
-        except httpx.HTTPError:
+            response = await self._request("GET", "/health_generate")
+        except (aiohttp.ClientError, TimeoutError):
             return False
         return response.status_code == 200
 
@@ -173,7 +219,7 @@ class InferenceClient:
         return True
 
 
-def _http_error(response: httpx.Response) -> InferenceHTTPError:
+def _http_error(response: _Reply) -> InferenceHTTPError:
     try:
         body = response.json()
     except ValueError:
