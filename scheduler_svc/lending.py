@@ -40,9 +40,13 @@ Rules (each decision's numbers go into its `reason`):
   bottleneck (`train_bound`: a batch's training fills most of the step period, every second off it
   is lost); idle trainers start unless lending them pays (the lend rule);
 * lend: a train-capable resource free after a step goes back to rollout when the window until the
-  next step need start exceeds the round trip, ``window_s > return_s + switch_s``, the window being
-  the stragglers' rest less the training of the ready groups (the step can start that late and
-  still have trained them when the rest arrives).
+  next step need start exceeds the round trip plus the re-prefill of the requests it will hold when
+  taken back, ``window_s > return_s + switch_s + reprefill_s``, the window being the stragglers' rest
+  less the training of the ready groups (the step can start that late and still have trained them
+  when the rest arrives). The re-prefill is priced from the observed train speed (a prefilled token
+  is a third of a trained one's FLOPs) on the rollout resources' peak FLOP/s, in seconds of the lent
+  device's decoding (HBM bandwidth ratio): on a mixed pool a slow-decoding trainer (an A100 among
+  H20s) brings less than the re-prefill it causes costs the others.
 Without estimates (the first step) every rule takes the bet (all resources), i.e. behaves as the fixed policy.
 """
 
@@ -223,22 +227,54 @@ def start_verdict(est: Estimates, *, missing: int, ready_tokens: int, resources:
     return Verdict(rest <= hidden, hidden, rest, "start (train hides vs stragglers' rest)")
 
 
+@dataclass(frozen=True, slots=True)
+class Reprefill:
+    """What taking a lent resource back costs the others: its running requests move to the rollout
+    resources, which prefill their contexts again. Read from the pool (see `reprefill_s`)."""
+
+    sequences: float  # requests a lent resource would hold when taken back
+    sample_tokens: float  # tokens of a sample (a request's context when taken back, on average)
+    peak_ratio: float  # trainers' peak FLOP/s over the rollout resources'
+    decode_ratio: float  # the rollout resources' HBM bandwidth over the lent one's (decode speed)
+
+
+def reprefill_s(est: Estimates, held: Reprefill | None) -> float:
+    """The re-prefill of a lent resource's requests, in seconds of the lent resource's decoding.
+    A prefilled token is a third of a trained one's FLOPs (forward only, vs forward and backward),
+    so the observed train speed prices it: ``peak_ratio / (3 * tokens_per_resource_s)`` seconds per
+    token on a rollout resource, whose seconds are worth `decode_ratio` of the lent one's."""
+    if held is None or est.tokens_per_resource_s is None:
+        return 0.0
+    per_token = held.peak_ratio / (3.0 * est.tokens_per_resource_s)
+    return held.sequences * held.sample_tokens * per_token * held.decode_ratio
+
+
 def lend_verdict(
-    est: Estimates, *, missing_first: int, missing_all: int, ready: int, resources: int, switch_s: float
+    est: Estimates,
+    *,
+    missing_first: int,
+    missing_all: int,
+    ready: int,
+    resources: int,
+    switch_s: float,
+    held: Reprefill | None = None,
 ) -> Verdict:
     """Lend a free train-capable resource to rollout? Pays when the expected window until the next
-    step starts exceeds the round trip (return load + switch into training again). The next step
-    starts once its first micro-batch is ready (`missing_first` groups away) and the rest of the
-    batch (`missing_all`) will be done while the batch (those and the `ready` ones) trains."""
+    step starts exceeds the round trip (return load + switch into training again) plus the re-prefill
+    of the requests it will hold when taken back (`held`). The next step starts once its first
+    micro-batch is ready (`missing_first` groups away) and the rest of the batch (`missing_all`) will
+    be done while the batch (those and the `ready` ones) trains."""
     first = est.seconds_for(missing_first)
     rest = est.rest_s(missing_all)
-    cost = est.round_trip_s(switch_s)
+    trip = est.round_trip_s(switch_s)
     speed = None if est.tokens_per_resource_s is None else est.tokens_per_resource_s * resources
-    if first is None or rest is None or speed is None or est.group_tokens is None or cost is None:
+    if first is None or rest is None or speed is None or est.group_tokens is None or trip is None:
         return Verdict(True, None, None, "lend")
     train = est.group_tokens * ready / speed
     window = max(first, rest - (switch_s + train))
-    return Verdict(window > cost, window, cost, "lend")
+    prefill = reprefill_s(est, held)
+    cost = trip + prefill
+    return Verdict(window > cost, window, cost, f"lend (round trip {trip:.1f}s + re-prefill {prefill:.1f}s)")
 
 
 def train_bound(est: Estimates, *, capable: int, batch_groups: int) -> Verdict:

@@ -16,7 +16,15 @@ from scheduler_svc.decisions import (
     TagTransition,
     WeightSyncStarted,
 )
-from scheduler_svc.lending import LEND_DECLINED, Estimates, Verdict, lend_verdict, start_verdict, train_bound
+from scheduler_svc.lending import (
+    LEND_DECLINED,
+    Estimates,
+    Reprefill,
+    Verdict,
+    lend_verdict,
+    start_verdict,
+    train_bound,
+)
 from scheduler_svc.loader import StreamingDataLoader
 from scheduler_svc.policies import TagPolicy
 from scheduler_svc.pool import ResourcePool
@@ -102,6 +110,30 @@ class ReturnPlanner(ABC):
             ready=ready + fed,
             resources=len(self.trainers()),
             switch_s=self.settings.switch_estimate_s,
+            held=self._reprefill(),
+        )
+
+    def _reprefill(self) -> Reprefill | None:
+        """What a lent trainer's requests would cost to re-prefill on the rollout resources: as many
+        as a serving resource holds now (at most the per-resource cap), each a mean sample long, on
+        the rollout-only resources (the trainers themselves in a pool without any)."""
+        est = self.estimates
+        trainers = [self.pool.get(rid).device for rid in self.trainers()]
+        if est.group_tokens is None or not trainers:
+            return None
+        others = [r.device for r in self.pool.resources.values() if r.alive and TRAIN not in r.capabilities]
+        others = others or trainers
+        cap = self.settings.max_inflight_samples_per_resource
+        sequences = min(cap, self.loader.inflight_samples / max(1, self.pool.serving_count))
+
+        def mean(values: list[float]) -> float:
+            return sum(values) / len(values)
+
+        return Reprefill(
+            sequences=sequences,
+            sample_tokens=est.group_tokens / self.settings.samples_per_task,
+            peak_ratio=mean([d.peak_tflops for d in trainers]) / mean([d.peak_tflops for d in others]),
+            decode_ratio=mean([d.hbm_tb_per_s for d in others]) / mean([d.hbm_tb_per_s for d in trainers]),
         )
 
     def _start_verdict(self, trainers: tuple[str, ...], capable: int, ready: int, ready_tokens: int) -> Verdict:

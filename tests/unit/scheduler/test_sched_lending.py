@@ -15,7 +15,16 @@ from scheduler_svc.decisions import (
     TrainStepCompleted,
     WeightsLoaded,
 )
-from scheduler_svc.lending import Estimates, lend_verdict, observe, start_verdict, take_count, train_bound
+from scheduler_svc.lending import (
+    Estimates,
+    Reprefill,
+    lend_verdict,
+    observe,
+    reprefill_s,
+    start_verdict,
+    take_count,
+    train_bound,
+)
 from scheduler_svc.policies import spatiotemporal
 from scheduler_svc.tags import TRAIN
 
@@ -54,6 +63,30 @@ def test_do_not_lend_when_the_window_is_shorter_than_the_cost() -> None:
     # 2 groups missing at 0.5 groups/s: 4 s until the next step, less than the 11 s round trip
     v = lend_verdict(observed(2.0), missing_first=2, missing_all=2, ready=0, resources=2, switch_s=4.0)
     assert not v.take and v.benefit_s is not None and v.benefit_s <= v.cost_s
+
+
+def test_the_re_prefill_of_the_requests_it_would_hold_can_make_lending_not_pay() -> None:
+    """A 20 s window beats the 11 s round trip alone, but the 20 requests of 2,500 tokens a lent
+    resource would hold cost the others 20 * 2,500 / (3 * 1,000 tokens/s) = 16.7 s to prefill again."""
+    est = observed(2.0)
+    plain = lend_verdict(est, missing_first=10, missing_all=10, ready=0, resources=2, switch_s=4.0)
+    held = Reprefill(sequences=20, sample_tokens=2500, peak_ratio=1.0, decode_ratio=1.0)
+    v = lend_verdict(est, missing_first=10, missing_all=10, ready=0, resources=2, switch_s=4.0, held=held)
+    assert plain.take and plain.cost_s == pytest.approx(11.0)
+    assert not v.take and v.cost_s == pytest.approx(11.0 + 50_000 / 3000)
+    assert "re-prefill 16.7s" in v.reason and "round trip 11.0s" in v.reason
+
+
+def test_re_prefill_weighs_more_when_the_lent_device_decodes_slower_or_the_others_compute_less() -> None:
+    """The cost is in seconds of the lent device's decoding: a rollout device with twice its HBM
+    bandwidth loses twice as much of the lent one's work per second of re-prefill; one with half the
+    trainers' peak FLOP/s takes twice as long to prefill."""
+    est = observed(2.0)
+    base = reprefill_s(est, Reprefill(20, 2500, peak_ratio=1.0, decode_ratio=1.0))
+    assert base == pytest.approx(50_000 / 3000)
+    assert reprefill_s(est, Reprefill(20, 2500, peak_ratio=1.0, decode_ratio=2.0)) == pytest.approx(2 * base)
+    assert reprefill_s(est, Reprefill(20, 2500, peak_ratio=2.0, decode_ratio=1.0)) == pytest.approx(2 * base)
+    assert reprefill_s(Estimates(), Reprefill(20, 2500, 1.0, 1.0)) == 0.0  # no train speed observed yet
 
 
 def test_train_as_the_bottleneck_keeps_the_resources_for_training() -> None:
