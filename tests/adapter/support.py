@@ -63,3 +63,19 @@ def wait_for(predicate: Callable[[], bool], timeout_s: float = 30.0, interval_s:
         if time.monotonic() > deadline:
             raise AssertionError("condition not met in time")
         time.sleep(interval_s)
+
+
+def engine_inputs(engine: Any, monkeypatch: Any) -> dict[str, tuple[list[int], Any]]:
+    """What a native engine is asked, by request id: its input ids and the future of its answer (the
+    record a token-in/token-out test compares `llm.calls` with, never re-tokenized)."""
+    seen: dict[str, tuple[list[int], Any]] = {}
+    original = engine.submit
+
+    def recording_submit(input_ids: list[int], sampling: Any = None, *, rid: str | None = None,
+                         listener: Any = None) -> Any:
+        future = original(input_ids, sampling, rid=rid, listener=listener)
+        seen[str(rid)] = (list(input_ids), future)
+        return future
+
+    monkeypatch.setattr(engine, "submit", recording_submit)
+    return seen

@@ -36,7 +36,7 @@ from examples.calculator.tasks import make_arithmetic_tasks
 from infra.kafka.cluster import KafkaCluster, free_base_port
 from schemas import events as ev
 from tests.adapter.conftest import ADMIN_KEY
-from tests.adapter.support import EngineProcess, free_port, serve, wait_for
+from tests.adapter.support import EngineProcess, engine_inputs, free_port, serve, wait_for
 
 pytestmark = pytest.mark.kafka
 CALCULATOR: Any = {"type": "function", "function": {"name": "calculator", "parameters": {
@@ -105,16 +105,7 @@ def test_ten_turn_session_records_exactly_what_the_engine_saw(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     url, engine = engine_a
-    seen: dict[str, tuple[list[int], Any]] = {}
-    original = engine.submit
-
-    def recording_submit(input_ids: list[int], sampling: Any = None, *, rid: str | None = None,
-                         listener: Any = None) -> Any:
-        future = original(input_ids, sampling, rid=rid, listener=listener)
-        seen[str(rid)] = (list(input_ids), future)
-        return future
-
-    monkeypatch.setattr(engine, "submit", recording_submit)
+    seen = engine_inputs(engine, monkeypatch)
     proxy = start_proxy(bus_config, (f"rollout-a={url}",))
     messages: list[Any] = [{"role": "system", "content": "You add numbers."},
                                       {"role": "user", "content": "1+1?"}]

@@ -20,7 +20,7 @@ from bus.config import BusConfig
 from inference_svc.default_model import create_default_model
 from schemas import events as ev
 from tests.adapter.conftest import ADAPTER_TINY_SPEC, ADMIN_KEY
-from tests.adapter.support import free_port, serve
+from tests.adapter.support import engine_inputs, free_port, serve
 from tests.adapter.test_adapter_service import CALCULATOR, echo, recorded
 
 pytestmark = pytest.mark.kafka
@@ -45,16 +45,7 @@ def bpe_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path,
 def test_a_bpe_qwen3_session_records_the_engines_ids(bus_config: BusConfig, bpe_engine: tuple[Path, str, Any],
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     model_dir, url, engine = bpe_engine
-    seen: dict[str, tuple[list[int], Any]] = {}
-    original = engine.submit
-
-    def recording_submit(input_ids: list[int], sampling: Any = None, *, rid: str | None = None,
-                         listener: Any = None) -> Any:
-        future = original(input_ids, sampling, rid=rid, listener=listener)
-        seen[str(rid)] = (list(input_ids), future)
-        return future
-
-    monkeypatch.setattr(engine, "submit", recording_submit)
+    seen = engine_inputs(engine, monkeypatch)
     config = AdapterConfig.build(
         env={"SFLOW_ADAPTER_API_KEYS": "agent-a=key-a", "SFLOW_ADAPTER_ADMIN_KEY": ADMIN_KEY},
         model_path=model_dir, port=free_port(), inference_endpoints=[f"rollout-bpe={url}"], bus=bus_config,
