@@ -255,14 +255,17 @@ class SessionBook:
     async def _finish_close(self, state: SessionState) -> None:
         """A close a crash interrupted: its calls and its SessionEnded are published now (it stays
         `ending` if Kafka refuses, for the next try)."""
-        for session_id, key in self.store.unacked():
-            if session_id == state.session_id:
-                await self.republish(state, key)
         record = self.store.unfinished_close(state.session_id)
         stored = record.request if record is not None else {"reward": 0.0, "status": None, "chosen_status": "failed"}
         reward, status = float(stored.get("reward") or 0.0), SessionStatus(str(stored.get("chosen_status") or "failed"))
         end = session_ended(state, reward, status, self.config.instance_id)
-        if not await self.recorder.ids_on_log([end]):  # the crash may have come after Kafka stored it
+        left = {key: events for (session_id, key), events in self.store.unacked().items()
+                if session_id == state.session_id}
+        # one read of the log for the session's records and its end (the crash may have come after either)
+        on_log = await self.recorder.ids_on_log([end, *(e for events in left.values() for e in events)])
+        for key in left:
+            await self.republish(state, key, on_log)
+        if end.event_id not in on_log:
             await self.recorder.record([end])
         self._ended(state, record.via if record is not None else "end", stored, reward, status)
         logger.info("session end interrupted by a restart finished", extra={"session": state.session_id})
