@@ -28,6 +28,9 @@ class KafkaSection(_Strict):
 class ModelSection(_Strict):
     warmup_tasks: int = Field(default=2048, ge=1, description="Demonstrations the example's `warmup` writes.")
     warmup_steps: int = Field(default=1200, ge=0, description="Warm-up optimizer steps (0: start from random).")
+    warmup_seed: int | None = Field(default=None, description=(
+        "Seed of the model's init and warm-up data (None: the run's `seed`). Fixing it while `seed` varies "
+        "repeats RL from one cached warm-up (bench/demo_seeds.py)."))
     tokenizer: Literal["byte", "bpe"] = Field(
         default="byte", description="The default model's tokenizer: one token per UTF-8 byte, or a byte-level BPE "
         "of a few thousand tokens trained when the model is created (inference_svc.bpe_tokenizer).")
@@ -125,7 +128,8 @@ class RunSection(_Strict):
 
 class RunConfig(_Strict):
     name: str = Field(default="demo", pattern=r"^[A-Za-z0-9_-]+$")
-    seed: int = 0
+    seed: int = Field(default=0, description="Seed of the engines' sampling, and of the warm-up unless "
+                      "model.warmup_seed is set.")
     example: ExampleSection = Field(default=CALCULATOR, description=(
         "What is trained: tasks, agent, reward, warm-up data (infra/example.py); default the calculator example."))
     kafka: KafkaSection = KafkaSection()
@@ -181,6 +185,10 @@ class RunConfig(_Strict):
             raise ValueError(f"model.warmup_steps={self.model.warmup_steps} needs example.warmup or "
                              "example.warmup_file (or set it to 0)")
         return self
+
+    @property
+    def warmup_seed(self) -> int:
+        return self.seed if self.model.warmup_seed is None else self.model.warmup_seed
 
     @classmethod
     def load(cls, path: Path) -> RunConfig:

@@ -70,8 +70,16 @@ def _demonstrations(config: RunConfig) -> Demonstrations:
     if example.warmup_file is not None:
         return read_demonstrations(example.warmup_file)
     assert example.warmup is not None  # RunConfig refuses warm-up steps without demonstrations
-    records = load_reference(example.warmup)(config.model.warmup_tasks, config.seed, **example.warmup_options)
+    records = load_reference(example.warmup)(config.model.warmup_tasks, config.warmup_seed, **example.warmup_options)
     return demonstrations_from_records(records, f"example.warmup={example.warmup!r}")
+
+
+def warmup_cache_key(config: RunConfig) -> str:
+    """Everything the warm-up's result depends on, hashed: runs that differ only elsewhere share it."""
+    return hashlib.sha256(json.dumps(
+        [config.model.model_dump(exclude={"warmup_seed"}), _warmup_source(config.example), config.warmup_seed,
+         _CACHE_FORMAT]).encode()
+    ).hexdigest()[:12]
 
 
 def prepare_model(config: RunConfig, paths: RunPaths) -> Path:
@@ -79,9 +87,7 @@ def prepare_model(config: RunConfig, paths: RunPaths) -> Path:
     from inference_svc.default_model import DefaultModelSpec, create_default_model
     from trainer_svc.warmup import supervised_warmup
 
-    key = hashlib.sha256(json.dumps(
-        [config.model.model_dump(), _warmup_source(config.example), config.seed, _CACHE_FORMAT]).encode()
-    ).hexdigest()[:12]
+    key = warmup_cache_key(config)
     cached = stack.VAR_DIR / "cache" / f"warm-{key}"
     if not (cached / "model.safetensors").exists():
         spec = DefaultModelSpec(tokenizer=config.model.tokenizer, chat_template=config.model.chat_template,
@@ -94,7 +100,7 @@ def prepare_model(config: RunConfig, paths: RunPaths) -> Path:
                           console=console) as progress:
                 bar = progress.add_task("warm-up", total=config.model.warmup_steps, loss="-")
                 supervised_warmup(base, cached.with_suffix(".tmp"), data.conversations, data.tools,
-                                  steps=config.model.warmup_steps, seed=config.seed,
+                                  steps=config.model.warmup_steps, seed=config.warmup_seed,
                                   on_step=lambda step, loss: progress.update(bar, completed=step + 1,
                                                                              loss=f"{loss:.3f}"))
             cached.with_suffix(".tmp").rename(cached)
