@@ -9,7 +9,9 @@ ways a policy dies: it collapses (the policy turned greedy, exploration stopped)
 policy turned to noise). Each signal must hold on each of the last `window` completed steps, so one
 bad step is not a collapse; the thresholds are `CollapseGuardConfig`'s. The service logs a warning
 and puts the signals in `TrainStepCompleted.collapse_signals`; training goes on (the guard reports,
-the user decides).
+the user decides). A policy that solves its tasks is also greedy and its groups all agree; with
+`converged_reward` set (the reward of a solved task) those two signals are not raised while the recent
+steps reach it: convergence is where RL is meant to end, a collapse is getting stuck below it.
 
 The history the guard needs is the first `window` steps (the baseline of the relative signals) and
 the last `window` (`keep`): a few numbers, kept in the checkpoint so a restart does not forget them.
@@ -17,6 +19,7 @@ the last `window` (`keep`): a few numbers, kept in the checkpoint so a restart d
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import fmean
@@ -38,20 +41,22 @@ class StepMetrics:
     response_length_mean: float
     truncated_fraction: float
     zero_variance_fraction: float
+    reward_mean: float = math.nan  # nan: a history checkpointed before the guard read rewards
 
     @classmethod
     def of(cls, event: TrainStepCompleted) -> StepMetrics:
         return cls(event.step, event.entropy, event.response_length_mean, event.truncated_fraction,
-                   event.zero_variance_fraction)
+                   event.zero_variance_fraction, event.reward_mean)
 
     def to_json(self) -> list[float]:
         return [self.step, self.entropy, self.response_length_mean, self.truncated_fraction,
-                self.zero_variance_fraction]
+                self.zero_variance_fraction, self.reward_mean]
 
     @classmethod
     def from_json(cls, data: Sequence[Any]) -> StepMetrics:
-        step, entropy, length, truncated, zero = data
-        return cls(int(step), float(entropy), float(length), float(truncated), float(zero))
+        step, entropy, length, truncated, zero, *reward = data
+        return cls(int(step), float(entropy), float(length), float(truncated), float(zero),
+                   float(reward[0]) if reward else math.nan)
 
 
 def keep(history: Sequence[StepMetrics], window: int) -> list[StepMetrics]:
@@ -77,12 +82,20 @@ def detect(history: Sequence[StepMetrics], config: CollapseGuardConfig,
         return ()
     recent = history[-w:]
     baseline = history[:w] if len(history) >= 2 * w else None
-    signals = [s for s in (_length(recent, baseline, config, max_response_tokens), *_entropy(recent, baseline, config))
-               if s]
+    collapse, explosion = _entropy(recent, baseline, config)
     zero = min(m.zero_variance_fraction for m in recent)
-    if zero >= config.max_zero_variance_fraction:
-        signals.append(f"{ZERO_VARIANCE}: {zero:.0%}+ of the groups had one reward for {w} steps (no gradient left)")
-    return tuple(signals)
+    stuck = (f"{ZERO_VARIANCE}: {zero:.0%}+ of the groups had one reward for {w} steps (no gradient left)"
+             if zero >= config.max_zero_variance_fraction else "")
+    if converged(recent, config):  # greedy and unanimous because it solves its tasks: not a collapse
+        collapse = stuck = ""
+    return tuple(s for s in (_length(recent, baseline, config, max_response_tokens), collapse, explosion, stuck) if s)
+
+
+def converged(recent: Sequence[StepMetrics], config: CollapseGuardConfig) -> bool:
+    """Every recent step's mean reward reached `converged_reward`: low entropy and groups that all got one
+    reward then mean the policy solves its tasks, which is where RL is meant to end up."""
+    target = config.converged_reward
+    return target is not None and all(m.reward_mean >= target for m in recent)
 
 
 def _length(recent: Sequence[StepMetrics], baseline: Sequence[StepMetrics] | None, config: CollapseGuardConfig,

@@ -216,6 +216,10 @@ class CollapseGuardConfig(_Section):
     """entropy_explosion: token entropy at least this multiple of the first steps' (the policy turned to noise)."""
     max_zero_variance_fraction: float = Field(default=1.0, gt=0, le=1)
     """zero_variance: at least this share of the step's groups had one reward (no GRPO gradient left)."""
+    converged_reward: float | None = None
+    """The mean reward of a policy that solves its tasks (None: unknown). While every step of the window
+    reaches it, entropy_collapse and zero_variance are not signalled: a policy that solves its tasks is
+    greedy and its groups agree, which is convergence. Length runaway and entropy explosion still are."""
 
 
 class TrainerConfig(_Section):

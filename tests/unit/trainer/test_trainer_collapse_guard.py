@@ -5,6 +5,7 @@ survives a checkpoint."""
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -92,8 +93,8 @@ def test_a_healthy_run_is_never_flagged() -> None:
 
 
 def metrics(step: int, *, entropy: float = 1.0, length: float = 30.0, truncated: float = 0.0,
-            zero: float = 0.25) -> StepMetrics:
-    return StepMetrics(step, entropy, length, truncated, zero)
+            zero: float = 0.25, reward: float = 0.5) -> StepMetrics:
+    return StepMetrics(step, entropy, length, truncated, zero, reward)
 
 
 def test_entropy_collapse_and_explosion_are_relative_to_the_first_steps() -> None:
@@ -115,6 +116,22 @@ def test_length_growth_without_a_known_limit_and_the_guard_switches() -> None:
     assert [s.split(":")[0] for s in detect(stuck, GUARD)] == ["zero_variance"]
 
 
+def test_a_run_that_solves_its_tasks_is_converged_not_collapsed() -> None:
+    """Entropy and group variance fall to nothing both when a run dies and when it solves every task;
+    the rewards tell them apart once the guard knows what a solved task earns."""
+    guard = GUARD.model_copy(update={"converged_reward": 0.9})
+    start = [metrics(i, entropy=2.0, reward=0.4) for i in range(1, 4)]
+    solved = [*start, *(metrics(i, entropy=0.1, zero=1.0, reward=0.97) for i in range(4, 7))]
+    stuck = [*start, *(metrics(i, entropy=0.1, zero=1.0, reward=0.2) for i in range(4, 7))]
+    assert [s.split(":")[0] for s in detect(solved, GUARD)] == ["entropy_collapse", "zero_variance"]
+    assert detect(solved, guard) == ()
+    assert [s.split(":")[0] for s in detect(stuck, guard)] == ["entropy_collapse", "zero_variance"]
+    one_step_short = [*solved[:-1], metrics(6, entropy=0.1, zero=1.0, reward=0.5)]
+    assert [s.split(":")[0] for s in detect(one_step_short, guard)] == ["entropy_collapse", "zero_variance"]
+    runaway = [*start, *(metrics(i, length=78.0, truncated=0.9, reward=0.95) for i in range(4, 7))]
+    assert [s.split(":")[0] for s in detect(runaway, guard, MAX_TOKENS)] == ["length_runaway"]
+
+
 def test_the_history_is_trimmed_and_kept_in_the_checkpoint_state() -> None:
     history = [metrics(i) for i in range(1, 11)]
     assert [m.step for m in keep(history, 3)] == [1, 2, 3, 8, 9, 10]
@@ -122,6 +139,8 @@ def test_the_history_is_trimmed_and_kept_in_the_checkpoint_state() -> None:
     ledger.step_metrics = keep(history, 3)
     assert Ledger.from_state(ledger.to_state(10), 0).step_metrics == ledger.step_metrics
     assert Ledger.from_state({"format": 1}, 0).step_metrics == []  # a checkpoint from before the guard
+    old = StepMetrics.from_json([4, 1.0, 30.0, 0.0, 0.25])  # a history kept before the guard read rewards
+    assert old.step == 4 and math.isnan(old.reward_mean)
 
 
 def test_bad_guard_settings_name_the_field(tmp_path: object) -> None:
