@@ -5,8 +5,7 @@ demonstrations, writes the example's tasks file (infra/run_inputs.py), launches 
 analytics sink, trajectory processor, scheduler, N inference resources pinned to their cores,
 trainer, capture proxy, rollout workers running the example's agent through the OpenAI client (the
 config's `example`: the calculator in `infra/configs/demo.yaml`) — and follows the run on the bus
-with progress bars. At the end it prints a summary, draws charts under the run
-folder, and stops everything it started.
+with progress bars. At the end it prints a summary, draws charts under the run folder, and stops everything.
 """
 
 from __future__ import annotations
@@ -181,9 +180,10 @@ def service_specs(
     specs.append(ServiceSpec("scheduler", "scheduler_svc", (
         "--dataset", str(paths.tasks), "--policy", sched.policy, "--train-resources", str(sched.train_resources),
         "--train-batch-groups", str(sched.train_batch_groups), "--samples-per-task", str(sched.samples_per_task),
-        "--max-staleness", str(sched.max_staleness), "--run-id", config.name, "--model", MODEL_NAME,
+        "--max-staleness", str(sched.max_staleness), "--run-id", config.name, "--model", MODEL_NAME, "--instance-id",
+        "scheduler-0", "--dynamic-sampling-extra-groups", str(sched.dynamic_sampling_extra_groups),
         "--initial-weights-uri", f"file://{paths.model}", "--state-file", str(paths.root / "scheduler-state.json"),
-        "--instance-id", "scheduler-0", *scheduler_flags), env, metrics_url=scheduler_url))
+        *scheduler_flags), env, metrics_url=scheduler_url))
     adapter_port = free_port()
     specs += [_trainer_spec(config, paths, env, inference),
               _adapter_spec(paths, env, inference, adapter_port, api_key, admin_key),

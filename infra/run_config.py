@@ -80,6 +80,9 @@ class SchedulerSection(_Strict):
     train_batch_groups: int = Field(default=4, ge=1)
     samples_per_task: int = Field(default=4, ge=2, description="GRPO needs at least 2 samples per group.")
     max_staleness: int = Field(default=1, ge=0)
+    dynamic_sampling_extra_groups: int = Field(default=0, ge=0, description=(
+        "With trainer.algorithm.dynamic_sampling: groups a step may take beyond train_batch_groups to make up "
+        "for the zero-variance groups the trainer filters, sized by the share filtered in recent steps (0: off)."))
 
 
 class TrainerSection(_Strict):
@@ -165,6 +168,14 @@ class RunConfig(_Strict):
         if limit is not None and limit != self.agent.max_tokens:
             raise ValueError(f"trainer.algorithm.max_response_tokens={limit} differs from agent.max_tokens="
                              f"{self.agent.max_tokens}: truncation would be measured against the wrong limit")
+        return self
+
+    @model_validator(mode="after")
+    def _refill_needs_filtering(self) -> RunConfig:
+        extra = self.scheduler.dynamic_sampling_extra_groups
+        if extra and not self.trainer.algorithm.dynamic_sampling:
+            raise ValueError(f"scheduler.dynamic_sampling_extra_groups={extra} needs "
+                             "trainer.algorithm.dynamic_sampling: true (the trainer filters, the scheduler refills)")
         return self
 
     @model_validator(mode="after")

@@ -57,6 +57,7 @@ DECISION_FIELDS: tuple[str, ...] = (
     "min_groups_on_timeout",
     "epochs",
     "group_timeout_s",
+    "dynamic_sampling_extra_groups",
     "dataset",
     "dataset_id_field",
     "model",
@@ -116,6 +117,10 @@ class SchedulerServiceConfig(BaseModel):
     )
     with_critic: bool = Field(default=False, description="Train-capable resources also carry the critic tag (PPO).")
     train_batch_groups: int = Field(default=8, ge=1, description="B: GRPO groups (prompts) per train step.")
+    dynamic_sampling_extra_groups: int = Field(
+        default=0, ge=0, description="With the trainer's dynamic sampling: groups a step may take beyond B to make "
+        "up for those it filters (zero reward variance), sized by the share filtered in recent steps (0: off)."
+    )
     samples_per_task: int = Field(default=8, ge=1, description="n: samples per task (GRPO group size).")
     max_inflight_samples_per_resource: int = Field(
         default=64, ge=1, description="Samples the loader keeps in flight per serving rollout resource."
@@ -220,6 +225,7 @@ class SchedulerServiceConfig(BaseModel):
             min_groups_on_timeout=self.min_groups_on_timeout,
             epochs=self.epochs,
             group_timeout_s=self.group_timeout_s,
+            dynamic_sampling_extra_groups=self.dynamic_sampling_extra_groups,
         )
 
     @property
@@ -245,10 +251,16 @@ class SchedulerServiceConfig(BaseModel):
         dataset by content: a moved file with the same sha256 is the same dataset)."""
         mine = self.decision_config()
         return [
-            f"{name}: recorded {recorded.get(name)!r}, now {mine.get(name)!r}"
+            f"{name}: recorded {self._recorded(recorded, name)!r}, now {mine.get(name)!r}"
             for name in sorted(set(mine) | set(recorded))
-            if name != "dataset" and recorded.get(name) != mine.get(name)
+            if name != "dataset" and self._recorded(recorded, name) != mine.get(name)
         ]
+
+    @classmethod
+    def _recorded(cls, recorded: Mapping[str, Any], name: str) -> Any:
+        """A recorded decision field; one added after the record was written counts as its default."""
+        field = cls.model_fields.get(name)
+        return recorded.get(name, None if field is None or name in recorded else field.default)
 
     # ------------------------------------------------------------------------------------ building
 

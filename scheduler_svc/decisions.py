@@ -77,12 +77,18 @@ class SampleCompleted:
 
 @dataclass(frozen=True, slots=True)
 class TrainStepCompleted:
-    """The trainer finished the step of `assignment_id` and published weights `version`."""
+    """The trainer finished the step of `assignment_id` and published weights `version`.
+
+    With dynamic sampling the trainer left `filtered` of the step's groups untrained (zero reward
+    variance: done, nothing to learn) and may have trained complete groups no step was handed yet in
+    their place (`added_group_ids`: consumed by this step, never to be handed to another)."""
 
     t: float
     assignment_id: str
     step: int
     version: int
+    filtered: int = 0
+    added_group_ids: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -95,8 +95,11 @@ class EventInputs:
             if event.status == "skipped":
                 return {"kind": "step_skipped", "t": t, "step": event.step, "assignment_id": event.correlation_id,
                         "reason": event.reason}
-            return {"kind": "step_done", "t": t, "step": event.step, "version": event.new_version,
+            done = {"kind": "step_done", "t": t, "step": event.step, "version": event.new_version,
                     "assignment_id": event.correlation_id}
+            if event.filtered_group_ids or event.added_group_ids:  # dynamic sampling (absent: older journals)
+                done |= {"filtered": len(event.filtered_group_ids), "added": list(event.added_group_ids)}
+            return done
         if isinstance(event, ev.WeightsLoaded):
             return {"kind": "loaded", "t": t, "resource_id": event.resource_id, "version": event.version}
         if isinstance(event, ev.ControlAck):

@@ -28,8 +28,9 @@ Observations from events (t = the event's ts_ms / 1000):
     Trajectory          -> SampleCompleted(group, next sample index, generated tokens by policy version
                            from its nodes' loss mask and per-token versions); its reward is kept
     BatchReady          -> SampleCompleted for every sample of the group not reported yet
-    TrainStepCompleted  -> TrainStepCompleted(assignment of the running step, step, new_version), held
-    + WeightsPublished     until the version's WeightsPublished (its uri and sha256) is known
+    TrainStepCompleted  -> TrainStepCompleted(assignment of the running step, step, new_version, groups
+    + WeightsPublished     filtered, groups added by dynamic sampling), held until the version's
+                           WeightsPublished (its uri and sha256) is known
     TrainStepCompleted  -> TrainStepSkipped(assignment, step, reason) at once (no weights to wait for),
       status 'skipped'     only for the running step's own assignment id (a restarted trainer's repeat
                            of an older skip must not end the step planned in its place)
@@ -89,6 +90,21 @@ class Source:
 
 
 @dataclass(frozen=True)
+class PendingStep:
+    """A train step's report, held until its weights are published (WeightsPublished)."""
+
+    step: int
+    assignment_id: str
+    filtered: int = 0
+    added_group_ids: tuple[str, ...] = ()
+
+    def state(self) -> list[Any]:
+        """As the journal's state holds it (the dynamic-sampling part only when set, as before it existed)."""
+        dynamic = [self.filtered, list(self.added_group_ids)] if self.filtered or self.added_group_ids else []
+        return [self.step, self.assignment_id, *dynamic]
+
+
+@dataclass(frozen=True)
 class Step:
     """One journaled input: its record and the decision events it caused, in decision order."""
 
@@ -118,7 +134,7 @@ class JournaledScheduler(EventInputs, DecisionEvents):
         self.coalesce_s = coalesce_s
         self.decision_config = dict(decision_config or {})
         self.published: dict[int, tuple[str, str]] = {}  # version -> (uri, sha256)
-        self.pending_steps: dict[int, tuple[int, str]] = {}  # new version -> (step, correlation id)
+        self.pending_steps: dict[int, PendingStep] = {}  # new version -> the step's report
         self.samples: dict[str, dict[str, int]] = {}  # live group -> {trajectory id: sample index}
         self.rewards: dict[str, tuple[float, int]] = {}  # live group -> (reward sum, rewards counted)
         self.loads: dict[str, tuple[str, int]] = {}  # resource -> (LoadWeights event id, version)
@@ -212,7 +228,7 @@ class JournaledScheduler(EventInputs, DecisionEvents):
         """The whole state as plain JSON data (string keys): equal states mean equal schedulers."""
         shell = {
             "published": {str(v): list(p) for v, p in self.published.items()},
-            "pending_steps": {str(v): list(p) for v, p in self.pending_steps.items()},
+            "pending_steps": {str(v): p.state() for v, p in self.pending_steps.items()},
             "samples": self.samples,
             "rewards": {g: list(r) for g, r in self.rewards.items()},
             "loads": {r: list(p) for r, p in self.loads.items()},
@@ -306,15 +322,17 @@ class JournaledScheduler(EventInputs, DecisionEvents):
             return [], False
         self.published[version] = (facts["uri"], facts["sha256"])
         pending = self.pending_steps.pop(version, None)
-        return ([] if pending is None else self._step_done(t, pending[0], version, pending[1])), True
+        return ([] if pending is None else self._step_done(t, version, pending)), True
 
     def _derive_step_done(self, t: float, facts: Mapping[str, Any]) -> Derived:
-        version, step = int(facts["version"]), int(facts["step"])
+        version = int(facts["version"])
+        report = PendingStep(int(facts["step"]), facts["assignment_id"], int(facts.get("filtered", 0)),
+                             tuple(facts.get("added", ())))
         if version in self.published:
-            return self._step_done(t, step, version, facts["assignment_id"]), False
-        if self.pending_steps.get(version) == (step, facts["assignment_id"]):
+            return self._step_done(t, version, report), False
+        if self.pending_steps.get(version) == report:
             return [], False
-        self.pending_steps[version] = (step, facts["assignment_id"])
+        self.pending_steps[version] = report
         return [], True
 
     def _samples(self, t: float, group_id: str, n_samples: int, trajectory_ids: Sequence[str],
@@ -334,13 +352,14 @@ class JournaledScheduler(EventInputs, DecisionEvents):
             self.samples[group_id] = seen
         return out
 
-    def _step_done(self, t: float, step: int, version: int, assignment_id: str) -> list[core.Observation]:
+    def _step_done(self, t: float, version: int, report: PendingStep) -> list[core.Observation]:
         train = self.core.rollout.train
-        if train is None or (assignment_id != train.assignment_id and step != train.step):
+        if train is None or (report.assignment_id != train.assignment_id and report.step != train.step):
             log.warning("train step report does not match the running step",
-                        extra={"service": "scheduler", "step": step, "version": version})
+                        extra={"service": "scheduler", "step": report.step, "version": version})
             return []
-        return [core.TrainStepCompleted(t, train.assignment_id, train.step, version)]
+        return [core.TrainStepCompleted(t, train.assignment_id, train.step, version, report.filtered,
+                                        report.added_group_ids)]
 
 
 #: inputs about one resource, ignored unless it is registered and alive

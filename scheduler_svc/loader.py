@@ -337,6 +337,17 @@ class StreamingDataLoader:
         for gid in self.by_assignment.pop(obs.assignment_id, []):
             self.groups.pop(gid, None)
             self.consumed.add(gid)
+        for gid in obs.added_group_ids:  # trained by dynamic sampling before any step was handed them
+            g = self.groups.get(gid)
+            if g is None or g.assignment_id is not None:
+                continue
+            if g.completed:
+                self._drop_ready(g)
+            else:
+                self._drop_inflight(g.policy_version)
+            self.unassigned_outstanding -= 1
+            del self.groups[gid]
+            self.consumed.add(gid)
 
     def _apply_aborted(self, d: TaskAborted) -> None:
         g = self.groups.get(d.group_id)

@@ -50,6 +50,11 @@ class ReturnPlanner(ABC):
 
     @property
     @abstractmethod
+    def batch_groups(self) -> int:
+        """See RolloutManager."""
+
+    @property
+    @abstractmethod
     def microbatch_groups(self) -> int:
         """See RolloutManager."""
 
@@ -106,7 +111,7 @@ class ReturnPlanner(ABC):
         return lend_verdict(
             self.estimates,
             missing_first=self.microbatch_groups - ready - fed,
-            missing_all=self.settings.train_batch_groups - ready - fed,
+            missing_all=self.batch_groups - ready - fed,
             ready=ready + fed,
             resources=len(self.trainers()),
             switch_s=self.settings.switch_estimate_s,
@@ -150,7 +155,7 @@ class ReturnPlanner(ABC):
             return Verdict(not lend.take, lend.benefit_s, lend.cost_s, "start idle trainers (lend window vs cost)")
         return start_verdict(
             self.estimates,
-            missing=self.settings.train_batch_groups - ready,
+            missing=self.batch_groups - ready,
             ready_tokens=ready_tokens,
             resources=len(trainers),
             switch_s=self.settings.switch_estimate_s,

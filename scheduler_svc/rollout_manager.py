@@ -72,6 +72,9 @@ from scheduler_svc.settings import SchedulerSettings
 from scheduler_svc.tags import ACTIVITY, ROLLOUT, TRAIN, WEIGHT_SYNC
 from scheduler_svc.weight_syncs import WeightSyncLedger
 
+#: dynamic sampling: steps whose filtered share sizes the next batch, and the share it assumes at most
+FILTER_WINDOW_STEPS, MAX_FILTERED_SHARE = 3, 0.75
+
 
 @dataclass
 class TrainState:
@@ -116,12 +119,24 @@ class RolloutManager(ReturnPlanner):
         self._trainers: tuple[str, ...] = ()
         self.estimates = Estimates()  # adaptive policies decide on these (scheduler_svc.lending)
         self.held: set[str] = set()  # train-capable resources kept for training instead of lent
+        self.filtered_share: list[float] = []  # dynamic sampling: share of each recent step's groups filtered
 
     # ---------------------------------------------------------------------------------- queries
 
     @property
+    def batch_groups(self) -> int:
+        """Groups a step takes: B, or under dynamic sampling as many more as make B groups with reward
+        variance at the share the trainer filtered in the recent steps (at most B + the extra allowed):
+        the refill comes from rollout the scheduler dispatches for it, within the staleness budget."""
+        b, extra = self.settings.train_batch_groups, self.settings.dynamic_sampling_extra_groups
+        if not extra or not self.filtered_share:
+            return b
+        share = min(MAX_FILTERED_SHARE, sum(self.filtered_share) / len(self.filtered_share))
+        return min(b + extra, math.ceil(b / (1.0 - share) - 1e-9))
+
+    @property
     def microbatch_groups(self) -> int:
-        return math.ceil(self.settings.train_batch_groups / self.policy.train_microbatches)
+        return math.ceil(self.batch_groups / self.policy.train_microbatches)
 
     @property
     def train_fed(self) -> int | None:
@@ -146,7 +161,7 @@ class RolloutManager(ReturnPlanner):
 
     def dispatch_budget(self) -> int:
         """Groups the loader may still dispatch without breaking the staleness bound (rule 1)."""
-        b = self.settings.train_batch_groups
+        b = self.batch_groups
         eta = self.policy.max_staleness
         if self.train is None:
             still_needed, later_steps = 0, eta + 1
@@ -176,7 +191,7 @@ class RolloutManager(ReturnPlanner):
 
     def _next_chunk(self, step: int, fed: int) -> tuple[list[GroupState], bool] | None:
         """Groups to hand to step `step` now, and whether they close its batch (rules 2 and 3)."""
-        b = self.settings.train_batch_groups
+        b = self.batch_groups
         limit = step - self.policy.max_staleness
         loader = self.loader
         waits = self.policy.strict_staleness and self.policy.straggler == StragglerRule.WAIT
@@ -348,6 +363,8 @@ class RolloutManager(ReturnPlanner):
         if t is None or t.assignment_id != obs.assignment_id:
             return  # a stale or duplicated report (the step was preempted or already counted)
         self.version = max(self.version, obs.version)
+        if self.settings.dynamic_sampling_extra_groups and t.fed:
+            self.filtered_share = [*self.filtered_share, min(1.0, obs.filtered / t.fed)][-FILTER_WINDOW_STEPS:]
         self.lag_histogram.update(t.lags)
         self.token_lag_histogram.update(t.token_lags)
         self.steps_completed += 1
@@ -375,6 +392,7 @@ class RolloutManager(ReturnPlanner):
             "token_lag_histogram": dict(sorted(self.token_lag_histogram.items())),
             "estimates": self.estimates.snapshot(),
             "held": tuple(sorted(self.held)),
+            **({"filtered_share": tuple(self.filtered_share)} if self.filtered_share else {}),
         }
 
 

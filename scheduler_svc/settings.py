@@ -30,6 +30,10 @@ class SchedulerSettings:
     #: Adaptive lending (policy.adaptive): the core's prior for a resource's switch from rollout into
     #: training, which it cannot observe (the trainer does it before its first micro-batch).
     switch_estimate_s: float = 4.0
+    #: Dynamic sampling (the trainer's `algorithm.dynamic_sampling`): groups a step may take beyond B to
+    #: make up for the zero-variance groups the trainer filters, sized by the share it filtered in the
+    #: recent steps (0: off, every step takes B).
+    dynamic_sampling_extra_groups: int = 0
 
     def __post_init__(self) -> None:
         for name in ("train_batch_groups", "samples_per_task", "max_inflight_samples_per_resource"):
@@ -47,5 +51,8 @@ class SchedulerSettings:
             raise ConfigError(f"SchedulerSettings.group_timeout_s must be > 0 or None, got {self.group_timeout_s!r}")
         if self.switch_estimate_s < 0:
             raise ConfigError(f"SchedulerSettings.switch_estimate_s must be >= 0, got {self.switch_estimate_s!r}")
+        if self.dynamic_sampling_extra_groups < 0:
+            raise ConfigError("SchedulerSettings.dynamic_sampling_extra_groups must be >= 0, got "
+                              f"{self.dynamic_sampling_extra_groups!r}")
         if self.epochs < 1:
             raise ConfigError(f"SchedulerSettings.epochs must be >= 1, got {self.epochs!r}")

@@ -165,9 +165,10 @@ class AlgorithmConfig(_Section):
     the step's groups; the step takes further complete groups from the stream in its place. Standalone:
     the step waits until it has `groups_per_step` groups with reward variance. Scheduled: the assigned
     zero-variance groups are filtered and complete groups no assignment names are added in their place
-    (`added_group_ids`; the scheduler, which does not know of the swap, finds them trained when it feeds
-    them to a later step); when every assigned group has zero variance and none can be added, the step
-    trains on the assigned groups as they are (a skip would be planned again without end)."""
+    (`added_group_ids`: the scheduler counts them consumed and hands them to no later step; with its
+    `dynamic_sampling_extra_groups` it also sizes later steps, and the rollout it dispatches, by the share
+    filtered); when every assigned group has zero variance and none can be added, the step trains on the
+    assigned groups as they are (a skip would be planned again without end)."""
     dynamic_sampling_max_filtered: int = Field(default=16, ge=1)
     """Dynamic sampling's bound (verl's `max_num_gen_batches`, counted in groups): standalone, once this
     many zero-variance groups are buffered the step trains on the groups with variance found so far, or,
