@@ -30,6 +30,12 @@ class SchedulerSettings:
     #: Adaptive lending (policy.adaptive): the core's prior for a resource's switch from rollout into
     #: training, which it cannot observe (the trainer does it before its first micro-batch).
     switch_estimate_s: float = 4.0
+    #: Adaptive lending: context tokens per engine whose KV cache takes as long to read per decode
+    #: iteration as the model's weights (weight bytes / KV bytes per token: about 111K for an 8B model
+    #: with 8 KV heads of 128 over 36 layers in bf16). It prices what one more engine brings when the
+    #: staleness budget, not the engines' slots, bounds how many requests run (see
+    #: `scheduler_svc.lending.lend_value_share`); None: a lent engine is counted as a whole engine.
+    kv_balance_tokens: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("train_batch_groups", "samples_per_task", "max_inflight_samples_per_resource"):
@@ -47,5 +53,7 @@ class SchedulerSettings:
             raise ConfigError(f"SchedulerSettings.group_timeout_s must be > 0 or None, got {self.group_timeout_s!r}")
         if self.switch_estimate_s < 0:
             raise ConfigError(f"SchedulerSettings.switch_estimate_s must be >= 0, got {self.switch_estimate_s!r}")
+        if self.kv_balance_tokens is not None and not self.kv_balance_tokens > 0:
+            raise ConfigError(f"SchedulerSettings.kv_balance_tokens must be > 0 or None, got {self.kv_balance_tokens!r}")
         if self.epochs < 1:
             raise ConfigError(f"SchedulerSettings.epochs must be >= 1, got {self.epochs!r}")
