@@ -54,6 +54,8 @@ class SchedulerSettings:
         if self.switch_estimate_s < 0:
             raise ConfigError(f"SchedulerSettings.switch_estimate_s must be >= 0, got {self.switch_estimate_s!r}")
         if self.kv_balance_tokens is not None and not self.kv_balance_tokens > 0:
-            raise ConfigError(f"SchedulerSettings.kv_balance_tokens must be > 0 or None, got {self.kv_balance_tokens!r}")
+            raise ConfigError(
+                f"SchedulerSettings.kv_balance_tokens must be > 0 or None, got {self.kv_balance_tokens!r}"
+            )
         if self.epochs < 1:
             raise ConfigError(f"SchedulerSettings.epochs must be >= 1, got {self.epochs!r}")
