@@ -46,7 +46,15 @@ Rules (each decision's numbers go into its `reason`):
   when the rest arrives). The re-prefill is priced from the observed train speed (a prefilled token
   is a third of a trained one's FLOPs) on the rollout resources' peak FLOP/s, in seconds of the lent
   device's decoding (HBM bandwidth ratio): on a mixed pool a slow-decoding trainer (an A100 among
-  H20s) brings less than the re-prefill it causes costs the others.
+  H20s) brings less than the re-prefill it causes costs the others. The window counts at what the
+  lent resource's rollout is worth (`lend_value_share`): a whole resource when it gets new work
+  (slot bound); when the staleness budget bounds the running requests, only what spreading them
+  over one more resource saves (the KV-cache share of a decode iteration, from the observed
+  in-flight context and `SchedulerSettings.kv_balance_tokens`), which short contexts make small;
+* the in-flight context: each completed sample held on average half its tokens over its latency
+  (dispatch to `SampleCompleted`); summed over a step period and divided by it, the context the
+  running requests held on average;
+* trainers kept idle by the lend rule at a step's end start on the ready groups in the same round.
 Without estimates (the first step) every rule takes the bet (all resources), i.e. behaves as the fixed policy.
 """
 
