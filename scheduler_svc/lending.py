@@ -46,7 +46,15 @@ Rules (each decision's numbers go into its `reason`):
   when the rest arrives). The re-prefill is priced from the observed train speed (a prefilled token
   is a third of a trained one's FLOPs) on the rollout resources' peak FLOP/s, in seconds of the lent
   device's decoding (HBM bandwidth ratio): on a mixed pool a slow-decoding trainer (an A100 among
-  H20s) brings less than the re-prefill it causes costs the others.
+  H20s) brings less than the re-prefill it causes costs the others. The window counts at what the
+  lent resource's rollout is worth (`lend_value_share`): a whole resource when it gets new work
+  (slot bound); when the staleness budget bounds the running requests, only what spreading them
+  over one more resource saves (the KV-cache share of a decode iteration, from the observed
+  in-flight context and `SchedulerSettings.kv_balance_tokens`), which short contexts make small;
+* the in-flight context: each completed sample held on average half its tokens over its latency
+  (dispatch to `SampleCompleted`); summed over a step period and divided by it, the context the
+  running requests held on average;
+* trainers kept idle by the lend rule at a step's end start on the ready groups in the same round.
 Without estimates (the first step) every rule takes the bet (all resources), i.e. behaves as the fixed policy.
 """
 
@@ -60,7 +68,10 @@ from typing import Any
 from scheduler_svc.decisions import (
     Assignment,
     LoadWeights,
+    SampleCompleted,
+    TaskAborted,
     TaskCompleted,
+    TaskDispatched,
     TrainData,
     TrainStepCompleted,
     WeightsLoaded,
@@ -121,6 +132,9 @@ class Estimates:
     step_interval_s: float | None = None  # between the last two TrainStepCompleted: the pipeline's period
     tail_bias: float = 1.0  # observed stragglers' rest / its rate-based prediction (the long tail's factor)
     first_fed: tuple[float, float] | None = None  # the running step's first partial TrainData: (time, rest predicted)
+    dispatched_at: dict[str, float] = field(default_factory=dict)  # group -> its dispatch time, while rolling out
+    context_area: float = 0.0  # since the last step's end: sum over completed samples of latency x tokens / 2
+    inflight_context: float | None = None  # time-averaged context tokens held by running requests (last period)
 
     def group_done(self, t: float, tokens: int) -> None:
         self.done_times.append(t)
@@ -147,9 +161,17 @@ class Estimates:
         seconds = self.seconds_for(groups)
         return None if seconds is None else seconds * self.tail_bias
 
+    def sample_done(self, t: float, group_id: str, tokens: int) -> None:
+        """A sample held a context growing to `tokens` over its latency: on average half of it."""
+        started = self.dispatched_at.get(group_id)
+        if started is not None and t > started:
+            self.context_area += (t - started) * tokens / 2
+
     def step_done(self, t: float, tokens: int, resources: int) -> None:
         if self.last_step_end is not None and t > self.last_step_end:
             self.step_interval_s = t - self.last_step_end
+            self.inflight_context = self.context_area / self.step_interval_s
+        self.context_area = 0.0
         self.last_step_end = t
         started, final, self.step_started, self.final_fed = self.step_started, self.final_fed, None, None
         self.first_fed = None
@@ -212,6 +234,9 @@ class Estimates:
             "step_interval_s": self.step_interval_s,
             "tail_bias": self.tail_bias,
             "first_fed": self.first_fed,
+            "dispatched_at": dict(sorted(self.dispatched_at.items())),
+            "context_area": self.context_area,
+            "inflight_context": self.inflight_context,
             "load_started": dict(sorted(self.load_started.items())),
         }
 
@@ -258,12 +283,14 @@ def lend_verdict(
     resources: int,
     switch_s: float,
     held: Reprefill | None = None,
+    value_share: float = 1.0,
 ) -> Verdict:
     """Lend a free train-capable resource to rollout? Pays when the expected window until the next
     step starts exceeds the round trip (return load + switch into training again) plus the re-prefill
     of the requests it will hold when taken back (`held`). The next step starts once its first
     micro-batch is ready (`missing_first` groups away) and the rest of the batch (`missing_all`) will
-    be done while the batch (those and the `ready` ones) trains."""
+    be done while the batch (those and the `ready` ones) trains. `value_share`: what the window's
+    rollout on the lent resource is worth, as a share of a whole resource's (`lend_value_share`)."""
     first = est.seconds_for(missing_first)
     rest = est.rest_s(missing_all)
     trip = est.round_trip_s(switch_s)
@@ -274,7 +301,32 @@ def lend_verdict(
     window = max(first, rest - (switch_s + train))
     prefill = reprefill_s(est, held)
     cost = trip + prefill
-    return Verdict(window > cost, window, cost, f"lend (round trip {trip:.1f}s + re-prefill {prefill:.1f}s)")
+    worth = window * value_share
+    costs = f"round trip {trip:.1f}s + re-prefill {prefill:.1f}s"
+    if value_share < 1.0:
+        costs = f"budget bound: window {window:.1f}s x worth {value_share:.2f}; {costs}"
+    return Verdict(worth > cost, worth, cost, f"lend ({costs})")
+
+
+def lend_value_share(
+    est: Estimates, *, slot_bound: bool, serving: int, alive: int, kv_balance_tokens: float | None
+) -> float:
+    """The share of a whole resource's rollout that lending one more brings (1: all of it).
+
+    Slot bound (the serving resources are full and the staleness budget would dispatch more), a lent
+    resource takes its share of new requests: a whole resource. Budget bound (the staleness budget,
+    not the slots, caps the running requests), it takes no new work, it only spreads the running
+    requests: every decode iteration reads the weights once per resource and the KV caches of its
+    requests, so spreading them over one more resource cuts each iteration by
+    ``kv_share / (serving + 1)``, kv_share = context / (context + kv_balance_tokens) on a serving
+    resource. Then the running requests set the period of the whole pipeline (the next batch waits
+    for them), so that cut is worth as much on every `alive` resource: the share is
+    ``kv_share * alive / (serving + 1)``, at most 1. Short contexts make it small (a lent resource
+    adds little but its round trip), long ones large."""
+    if slot_bound or kv_balance_tokens is None or serving < 1 or est.inflight_context is None:
+        return 1.0
+    context = est.inflight_context / serving
+    return min(1.0, alive / (serving + 1) * context / (context + kv_balance_tokens))
 
 
 def train_bound(est: Estimates, *, capable: int, batch_groups: int) -> Verdict:
@@ -313,6 +365,13 @@ def observe(
     step's, read before a TrainStepCompleted clears it; `batch_groups`: B)."""
     if isinstance(record, TaskCompleted):
         est.group_done(now, record.n_tokens)
+        est.dispatched_at.pop(record.group_id, None)
+    elif isinstance(record, TaskDispatched):
+        est.dispatched_at[record.group_id] = now
+    elif isinstance(record, TaskAborted):
+        est.dispatched_at.pop(record.group_id, None)
+    elif isinstance(record, SampleCompleted):
+        est.sample_done(record.t, record.group_id, record.n_tokens)
     elif isinstance(record, Assignment) and record.task_kind == TRAIN:
         est.step_started_at(now)
     elif isinstance(record, TrainData):

@@ -21,6 +21,7 @@ from scheduler_svc.lending import (
     Estimates,
     Reprefill,
     Verdict,
+    lend_value_share,
     lend_verdict,
     start_verdict,
     train_bound,
@@ -66,6 +67,10 @@ class ReturnPlanner(ABC):
     @property
     @abstractmethod
     def step_resources(self) -> tuple[str, ...] | None:
+        """See RolloutManager."""
+
+    @abstractmethod
+    def dispatch_budget(self) -> int:
         """See RolloutManager."""
 
     @abstractmethod
@@ -116,6 +121,21 @@ class ReturnPlanner(ABC):
             resources=len(self.trainers()),
             switch_s=self.settings.switch_estimate_s,
             held=self._reprefill(),
+            value_share=self._value_share(),
+        )
+
+    def _value_share(self) -> float:
+        """What a lent resource's rollout is worth (`scheduler_svc.lending.lend_value_share`): slot
+        bound when the staleness budget would dispatch more samples than the serving resources have
+        free slots for (the lent one gets its share of new work), else budget bound."""
+        serving = self.pool.serving_count
+        free = serving * self.settings.max_inflight_samples_per_resource - self.loader.inflight_samples
+        return lend_value_share(
+            self.estimates,
+            slot_bound=self.dispatch_budget() * self.settings.samples_per_task > free,
+            serving=serving,
+            alive=len(self.pool.alive()),
+            kv_balance_tokens=self.settings.kv_balance_tokens,
         )
 
     def _reprefill(self) -> Reprefill | None:

@@ -187,6 +187,8 @@ class Scheduler:
             self.rollout.settle(emit)
             self._settled_epoch = self.pool.structure_epoch
         self.rollout.lend_idle(emit)
+        self.rollout.maybe_start_train(emit)  # trainers a verdict just kept idle start on the ready groups now
+        self.rollout.feed_train(emit)
         self.rollout.finish_weight_syncs(emit)
         self.rollout.dispatch(emit)
 

@@ -34,6 +34,12 @@ class SchedulerSettings:
     #: make up for the zero-variance groups the trainer filters, sized by the share it filtered in the
     #: recent steps (0: off, every step takes B).
     dynamic_sampling_extra_groups: int = 0
+    #: Adaptive lending: context tokens per engine whose KV cache takes as long to read per decode
+    #: iteration as the model's weights (weight bytes / KV bytes per token: about 111K for an 8B model
+    #: with 8 KV heads of 128 over 36 layers in bf16). It prices what one more engine brings when the
+    #: staleness budget, not the engines' slots, bounds how many requests run (see
+    #: `scheduler_svc.lending.lend_value_share`); None: a lent engine is counted as a whole engine.
+    kv_balance_tokens: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("train_batch_groups", "samples_per_task", "max_inflight_samples_per_resource"):
@@ -54,5 +60,9 @@ class SchedulerSettings:
         if self.dynamic_sampling_extra_groups < 0:
             raise ConfigError("SchedulerSettings.dynamic_sampling_extra_groups must be >= 0, got "
                               f"{self.dynamic_sampling_extra_groups!r}")
+        if self.kv_balance_tokens is not None and not self.kv_balance_tokens > 0:
+            raise ConfigError(
+                f"SchedulerSettings.kv_balance_tokens must be > 0 or None, got {self.kv_balance_tokens!r}"
+            )
         if self.epochs < 1:
             raise ConfigError(f"SchedulerSettings.epochs must be >= 1, got {self.epochs!r}")

@@ -59,6 +59,7 @@ def build_scheduler(config: SimConfig, sizes: dict[str, int]) -> Scheduler:
         straggler=config.straggler,
         max_regenerations=config.max_regenerations,
     )
+    model = model_preset(config.model)
     steps_needed = (config.steps + config.warmup_steps + 4) * sizes["batch"] * 4
     tasks = [Task(f"task{i:07d}", {}) for i in range(steps_needed)]
     settings = SchedulerSettings(
@@ -66,6 +67,7 @@ def build_scheduler(config: SimConfig, sizes: dict[str, int]) -> Scheduler:
         samples_per_task=sizes["n"],
         max_inflight_samples_per_resource=sizes["inflight"],
         heartbeat_timeout_s=1e9,
+        kv_balance_tokens=model.weight_bytes / model.kv_bytes_per_token,
     )
     return Scheduler(policy, settings, tasks, record_log=False)
 

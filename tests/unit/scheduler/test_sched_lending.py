@@ -10,14 +10,19 @@ from scheduler_svc.decisions import (
     LoadWeights,
     PauseRollout,
     ResumeRollout,
+    SampleCompleted,
+    TagTransition,
     TaskCompleted,
+    TaskDispatched,
     TrainData,
     TrainStepCompleted,
     WeightsLoaded,
 )
 from scheduler_svc.lending import (
+    LEND_DECLINED,
     Estimates,
     Reprefill,
+    lend_value_share,
     lend_verdict,
     observe,
     reprefill_s,
@@ -214,3 +219,76 @@ def test_the_lend_window_is_the_stragglers_rest_less_the_ready_groups_training()
     assert not v.take and v.benefit_s == pytest.approx(0.0)
     v = lend_verdict(est, missing_first=0, missing_all=20, ready=2, resources=2, switch_s=4.0)
     assert v.take and v.benefit_s == pytest.approx(40.0 - 4.0 - 10.0)
+
+
+def test_the_in_flight_context_is_measured_from_the_samples_latencies_and_lengths() -> None:
+    """Steps end at 0 and 40 s; two samples dispatched at 0 finish at 10 s (1,000 tokens) and 20 s
+    (2,000): each held on average half its context over its latency, so the period's running
+    requests held (10 * 500 + 20 * 1000) / 40 = 625 context tokens on average."""
+    est = Estimates()
+    observe(est, TrainStepCompleted(0.0, "a0", 0, 1), 0.0, 0, 0)
+    observe(est, TaskDispatched("t", "g", 2), 0.0, 0, 0)
+    observe(est, SampleCompleted(10.0, "g", 0, 1000), 10.0, 0, 0)
+    observe(est, SampleCompleted(20.0, "g", 1, 2000), 20.0, 0, 0)
+    observe(est, TaskCompleted("t", "g", 2, 0, 3000), 20.0, 0, 0)
+    assert est.inflight_context is None  # no full period seen yet
+    observe(est, TrainStepCompleted(40.0, "a1", 1, 2), 40.0, 0, 0)
+    assert est.inflight_context == pytest.approx(625.0)
+    assert "g" not in est.dispatched_at and est.context_area == 0.0
+
+
+def with_context(tokens: float) -> Estimates:
+    est = observed(2.0)
+    est.inflight_context = tokens
+    return est
+
+
+def test_a_lent_resource_is_worth_what_spreading_the_running_requests_saves_when_the_budget_binds() -> None:
+    """4 serving resources of 12 alive hold 40,000 context tokens: 10,000 each, a KV read of
+    10,000 / (10,000 + 110,000) of a decode iteration (the weights weigh as much as 110,000 tokens);
+    one more resource cuts each iteration by that / 5, on all 12 resources: worth 12 / 5 / 12 = 0.2
+    of a resource. Long contexts make it a whole one; with free work for it (slot bound) it is one."""
+    share = lend_value_share(with_context(40_000), slot_bound=False, serving=4, alive=12, kv_balance_tokens=110_000)
+    assert share == pytest.approx(12 / 5 * 10_000 / 120_000)
+    long = lend_value_share(with_context(4_000_000), slot_bound=False, serving=4, alive=12, kv_balance_tokens=110_000)
+    assert long == 1.0  # capped: 12 / 5 * 0.9
+    assert lend_value_share(with_context(40_000), slot_bound=True, serving=4, alive=12, kv_balance_tokens=110_000) == 1
+    # nothing known about the model or the context yet: a whole resource, as before
+    assert lend_value_share(with_context(40_000), slot_bound=False, serving=4, alive=12, kv_balance_tokens=None) == 1
+    assert lend_value_share(observed(2.0), slot_bound=False, serving=4, alive=12, kv_balance_tokens=110_000) == 1
+
+
+def test_do_not_lend_into_a_budget_bound_rollout_of_short_contexts() -> None:
+    """A 60 s window beats the 11 s round trip when the lent resource rolls out as a whole one; when
+    the staleness budget bounds the running requests and it is worth 0.1 of one, 6 s do not."""
+    whole = lend_verdict(observed(2.0), missing_first=30, missing_all=30, ready=0, resources=2, switch_s=4.0)
+    assert whole.take
+    v = lend_verdict(
+        observed(2.0), missing_first=30, missing_all=30, ready=0, resources=2, switch_s=4.0, value_share=0.1
+    )
+    assert not v.take and v.benefit_s == pytest.approx(6.0) and v.cost_s == pytest.approx(11.0)
+    assert "budget bound: window 60.0s x worth 0.10" in v.reason
+    worth = lend_verdict(
+        observed(2.0), missing_first=30, missing_all=30, ready=0, resources=2, switch_s=4.0, value_share=0.5
+    )
+    assert worth.take  # long contexts: 30 s of a resource's rollout outweigh the round trip
+
+
+def test_trainers_kept_idle_at_a_step_end_start_the_next_step_at_once(world_factory) -> None:
+    """At a step's end the start rule keeps rolling-out trainers off a partial batch (the straggler
+    needs 10 s, more than the 4 s switch) and the lend rule keeps them from rollout (no window): kept
+    idle, they start on the ready micro-batch in the same decision round, not at the next record."""
+    policy = spatiotemporal(1, adaptive=True, train_microbatches=2)
+    world = world_factory(policy, batch=2, samples=1, inflight_per_resource=4)
+    world.register_all(["H800", "H800"])
+    first, second, third = sorted(world.inflight)[:3]
+    world.complete_group(first)  # the first micro-batch: step 0 starts (no estimates yet)
+    world.complete_group(second)  # its final one
+    world.complete_group(third)  # ready for step 1: half its batch
+    world.scheduler.rollout.estimates = observed(10.0)  # a group every 10 s, 10 s to train one
+    decisions = world.finish_train()
+    kept = [d for d in decisions if isinstance(d, TagTransition) and d.cause == LEND_DECLINED]
+    assert [d.resource_id for d in kept] == ["r0"] and "lend" in kept[0].reason
+    train = [d for d in decisions if isinstance(d, Assignment) and d.task_kind == TRAIN]
+    assert [a.resource_ids for a in train] == [("r0",)] and decisions.index(kept[0]) < decisions.index(train[0])
+    assert "start idle trainers" in train[0].reason
