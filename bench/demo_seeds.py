@@ -4,7 +4,8 @@ A demo that learns on one seed proves little: this runs the demo config (or `--c
 varying `seed` (the engines' sampling seeds and so every rollout) while the warm-up stays the base config's
 (`model.warmup_seed`), so it is trained once and then read from the cache. One Kafka broker serves every
 run (each run has its own topic prefix). Per seed it prints the held-out accuracy at the first and the last
-evaluation, the mean training reward of the first and the last 10 steps, whether the collapse guard fired,
+evaluation, the mean reward of the training sessions of the first and the last 10 policy versions (every
+session, also those dynamic sampling filtered from the trained batches), whether the collapse guard fired,
 and the wall time; a seed *improved* when its end accuracy is at least `--min-gain` above its start, its
 last-10 reward is above its first-10 reward and the guard never fired. Final line: `seeds improved: K/N`.
 
@@ -62,7 +63,7 @@ def mean(values: list[float]) -> float:
 
 
 def seed_result(seed: int, run_name: str, state: RunState, wall_s: float) -> SeedResult:
-    rewards = [r for _, r in state.rewards]
+    rewards = [r for _, r in state.rollout_rewards()]  # every session's, not only the groups trained on
     window = max(1, min(REWARD_WINDOW, len(rewards) // 2))
     evals = [state.evals[step] for step in sorted(state.evals)]
     return SeedResult(
@@ -74,11 +75,11 @@ def seed_result(seed: int, run_name: str, state: RunState, wall_s: float) -> See
 
 
 def print_table(results: list[SeedResult], min_gain: float) -> None:
-    print(f"\n{'seed':>4}  {'steps':>5}  {'eval acc start -> end':>22}  {'reward first10 -> last10':>25}  "
+    print(f"\n{'seed':>4}  {'steps':>5}  {'eval acc start -> end':>22}  {'reward first10 -> last10 v':>27}  "
           f"{'collapsed':>9}  {'wall s':>6}  improved  run")
     for r in results:
         print(f"{r.seed:>4}  {r.steps:>5}  {r.accuracy_start:>10.3f} -> {r.accuracy_end:<8.3f}  "
-              f"{r.reward_first:>12.3f} -> {r.reward_last:<9.3f}  {'yes' if r.collapsed else 'no':>9}  "
+              f"{r.reward_first:>14.3f} -> {r.reward_last:<9.3f}  {'yes' if r.collapsed else 'no':>9}  "
               f"{r.wall_s:>6.0f}  {'yes' if r.improved(min_gain) else 'no':>8}  {r.run}")
 
 

@@ -19,9 +19,12 @@ def draw_charts(run_dir: Path, state: RunState) -> list[Path]:
     out: list[Path] = []
     if state.rewards:
         fig, ax = plt.subplots(figsize=(6, 3.5))
-        ax.plot([s for s, _ in state.rewards], [r for _, r in state.rewards], marker="o")
-        ax.set_xlabel("train step")
-        ax.set_ylabel("mean reward of the batch")
+        ax.plot([s for s, _ in state.rewards], [r for _, r in state.rewards], marker="o", label="trained batch")
+        rollout = state.rollout_rewards()
+        ax.plot([v for v, _ in rollout], [r for _, r in rollout], marker=".", label="every session (by version)")
+        ax.legend(fontsize=7)
+        ax.set_xlabel("train step / policy version")
+        ax.set_ylabel("mean reward")
         ax.set_title("reward")
         ax.grid(alpha=0.3)
         out.append(_save(fig, run_dir / "reward.png"))

@@ -67,7 +67,9 @@ class RunState:
     output_tokens: list[tuple[int, int]] = field(default_factory=list)  # (completed ms, tokens)
     trajectories: int = 0
     ready_groups: int = 0
-    rewards: list[tuple[int, float]] = field(default_factory=list)  # (step, mean reward)
+    rewards: list[tuple[int, float]] = field(default_factory=list)  # (step, mean reward of the trained batch)
+    # trajectory id -> (policy version it started under, reward): every training session, trained or not
+    session_rewards: dict[str, tuple[int, float]] = field(default_factory=dict)
     version: int = 0
     staleness: list[int] = field(default_factory=list)  # tokens by versions behind, summed over steps
     pauses_ms: list[float] = field(default_factory=list)
@@ -92,6 +94,15 @@ class RunState:
     @property
     def last_reward(self) -> float:
         return self.rewards[-1][1] if self.rewards else 0.0
+
+    def rollout_rewards(self) -> list[tuple[int, float]]:
+        """(policy version, mean reward of the sessions started under it), oldest first. The trained
+        batch's reward leaves out what dynamic sampling filtered (groups all right, or all wrong); this
+        is what the policy of each version earned on the training tasks."""
+        by_version: dict[int, list[float]] = defaultdict(list)
+        for version, reward in self.session_rewards.values():
+            by_version[version].append(reward)
+        return [(v, sum(rs) / len(rs)) for v, rs in sorted(by_version.items())]
 
     @property
     def tokens_per_s(self) -> float:
@@ -208,7 +219,9 @@ class RunState:
             else:
                 self.unassembled.add(event.call_id)
         elif isinstance(event, ev.Trajectory):
-            self.trajectories += not is_held_out(event.group_id)
+            if not is_held_out(event.group_id):
+                self.trajectories += 1
+                self.session_rewards[event.trajectory_id] = (event.min_version, event.reward)
             for call_id in event.call_ids:
                 if call_id in self.unassembled:
                     self.unassembled.discard(call_id)

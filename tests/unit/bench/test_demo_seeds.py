@@ -48,7 +48,7 @@ def _eval(step: int, accuracy: float) -> ev.EvalCompleted:
 
 def _state(rewards: list[float], accuracies: dict[int, float], collapse: bool = False) -> RunState:
     state = RunState()
-    state.rewards = list(enumerate(rewards, start=1))
+    state.session_rewards = {f"t{v}": (v, r) for v, r in enumerate(rewards)}  # one session per version
     state.evals = {step: _eval(step, a) for step, a in accuracies.items()}
     state.collapse = [(5, ("response length",))] if collapse else []
     return state

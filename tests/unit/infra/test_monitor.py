@@ -74,3 +74,15 @@ def test_the_summary_compares_first_and_last_step_metrics_and_says_what_the_coll
     assert health["entropy"] == (1.0, 1.0)
     assert len(state.filtered_groups) == 4
     assert state.collapse_verdict() == "fired on 1 step(s), first at step 4; step 4: length_runaway: 100%+ truncated"
+
+
+def test_the_reward_of_every_session_by_the_version_it_started_under() -> None:
+    """Dynamic sampling trains only the groups whose samples disagree: the trained batch's reward is
+    not the policy's, the sessions' rewards by version are (held-out sessions and repeats left out)."""
+    state = RunState()
+    sessions = [("t1", "g1", 0, 1.0), ("t2", "g1", 0, 0.0), ("t3", "g2", 1, 1.0), ("t3", "g2", 1, 1.0),
+                ("t4", "heldout/demo/step-0/x", 1, 0.0), ("t5", "g3", 2, 0.5)]
+    for tid, gid, version, reward in sessions:
+        state.apply(example(ev.Trajectory, trajectory_id=tid, group_id=gid, min_version=version, reward=reward))
+    assert state.rollout_rewards() == [(0, 0.5), (1, 1.0), (2, 0.5)]
+    assert state.trajectories == 5  # a re-published trajectory counts again, its reward once

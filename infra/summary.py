@@ -1,0 +1,92 @@
+"""The end of a run: the summary table, `summary.json` and the charts, from what the run monitor saw.
+
+The trained batch's reward is not the policy's reward once dynamic sampling filters groups (a step
+trains on the groups its samples disagree on), so the summary also shows the reward of every training
+session by the policy version it started under (`RunState.rollout_rewards`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from rich.console import Console
+from rich.table import Table
+
+from infra.monitor import RunMonitor
+from infra.run_config import RunConfig
+from infra.run_inputs import RunPaths
+
+log = logging.getLogger("sflow.demo")
+console = Console()
+
+
+def summarise(config: RunConfig, paths: RunPaths, monitor: RunMonitor) -> None:
+    from infra.charts import draw_charts
+
+    s = monitor.snapshot()
+    rewards = [r for _, r in s.rewards]
+    k = max(1, min(3, len(rewards) // 2))
+    first, last = ends(rewards, k)
+    rollout_first, rollout_last = ends([r for _, r in s.rollout_rewards()], k)
+    util = s.utilisation()
+    work = s.work_share()
+    table = Table(title=f"run {paths.root.name}")
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    table.add_row(f"reward of the trained batch, first / last {k} steps", f"{first:.3f} / {last:.3f}")
+    table.add_row(f"reward of every session, first / last {k} versions", f"{rollout_first:.3f} / {rollout_last:.3f}")
+    table.add_row("train steps / policy version", f"{s.steps} / v{s.version}")
+    table.add_row("LLM calls / sessions", f"{s.calls} / {s.trajectories}")
+    table.add_row("rollout tokens/s (mean)", f"{s.mean_tokens_per_s:,.1f}")
+    for rid, (busy, idle) in sorted(util.items()):
+        table.add_row(f"{rid}: tagged busy / measured work / idle",
+                      f"{busy:.0%} / {work.get(rid, 0.0):.0%} / {idle:.0%}")
+    table.add_row("staleness of trained tokens (mean)", f"{s.mean_staleness:.2f}")
+    table.add_row("weight-sync pause ms (mean / max)", f"{s.mean_pause_ms:.0f} / {s.max_pause_ms:.0f}")
+    table.add_row("calls spanning a weight update", f"{s.calls_spanning_update} / {s.calls}")
+    health = s.health_first_last(k)
+    for metric, (at_start, at_end) in health.items():
+        table.add_row(f"{metric.replace('_', ' ')}, first / last {k} steps", f"{at_start:.3f} / {at_end:.3f}")
+    table.add_row("groups filtered (dynamic sampling)", str(len(s.filtered_groups)))
+    table.add_row("collapse guard", s.collapse_verdict())
+    table.add_row("eval accuracy, start -> end", s.eval_start_end())
+    stored = _analytics_counts(paths)
+    table.add_row("analytics rows: llm_calls / trajectories",
+                  f"{stored.get('llm_calls', 0)} / {stored.get('trajectories', 0)}")
+    console.print(table)
+    charts = draw_charts(paths.root, s)
+    summary = {"reward_first": first, "reward_last": last, "rollout_reward_first": rollout_first,
+               "rollout_reward_last": rollout_last, "steps": s.steps, "calls": s.calls,
+               "sessions": s.trajectories, "tokens_per_s": s.mean_tokens_per_s,
+               "utilisation": {r: {"busy": b, "work": work.get(r, 0.0), "idle": i} for r, (b, i) in util.items()},
+               "mean_staleness": s.mean_staleness, "mean_pause_ms": s.mean_pause_ms,
+               "calls_spanning_update": s.calls_spanning_update,
+               "health_first_last": {m: list(v) for m, v in health.items()},
+               "filtered_groups": len(s.filtered_groups),
+               "collapse": [{"step": step, "signals": list(sig)} for step, sig in s.collapse],
+               "eval": s.eval_summary(),
+               "analytics_rows": stored,
+               "charts": [str(c) for c in charts]}
+    (paths.root / "summary.json").write_text(json.dumps(summary, indent=2))
+    console.print(f"charts and logs under {paths.root}")
+
+
+def ends(values: list[float], k: int) -> tuple[float, float]:
+    """Means of the first and the last `k` values (nan when there are none)."""
+    if not values:
+        return float("nan"), float("nan")
+    return sum(values[:k]) / len(values[:k]), sum(values[-k:]) / len(values[-k:])
+
+
+def _analytics_counts(paths: RunPaths) -> dict[str, int]:
+    """Rows in the run's analytics store (after the sink stopped): they should match the event counts."""
+    from infra.analytics.config import AnalyticsConfig, open_store
+    from infra.analytics.errors import AnalyticsError
+
+    try:
+        with open_store(AnalyticsConfig(data_dir=paths.analytics), read_only=True) as store:
+            return store.counts()
+    except AnalyticsError as e:
+        log.warning("analytics store unreadable", extra={"error": str(e)})
+        return {}
