@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from infra import stack
-from infra.demo import run
+from infra.demo import run, stop_on_sigterm
 from infra.monitor import RunState
 from infra.run_config import RunConfig
 
@@ -91,6 +91,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--min-gain", type=float, default=0.15, help="held-out accuracy gain that counts")
     args = parser.parse_args(argv)
     logging.basicConfig(level="WARNING")
+    stop_on_sigterm()
     base = RunConfig.load(args.config)
     if not base.eval.enabled:
         parser.error(f"{args.config}: eval.enabled is false; the benchmark measures held-out accuracy")

@@ -318,6 +318,12 @@ def _interrupt(*_: object) -> None:
     raise KeyboardInterrupt
 
 
+def stop_on_sigterm() -> None:
+    """SIGTERM unwinds like Ctrl-C, so `run` stops every service and the broker it started (a background
+    job ignores SIGINT: SIGTERM is how it is stopped)."""
+    signal.signal(signal.SIGTERM, _interrupt)
+
+
 def main(argv: list[str] | None = None) -> None:
     import argparse
 
@@ -325,8 +331,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--config", type=Path, default=Path(__file__).with_name("configs") / "demo.yaml")
     args = parser.parse_args(argv)
     logging.basicConfig(level="WARNING")
-    # SIGTERM unwinds like Ctrl-C, so `run` stops every service and the broker it started.
-    signal.signal(signal.SIGTERM, _interrupt)
+    stop_on_sigterm()
     run(RunConfig.load(args.config))
 
 
