@@ -19,7 +19,8 @@ Endpoints (agent key = `Authorization: Bearer <key>`; admin key likewise):
 
 Sessions and the order of a request's checks: `http_requests`. Every failure becomes an OpenAI error
 body {"error": {"message", "type", "param", "code"}} in one function,
-`error_response`; a 5xx body never carries an exception's text (the log has it, under the error id).
+`asgi.error_response` (the call routes are served by `asgi.ProxyApp` ahead of FastAPI's routing);
+a 5xx body never carries an exception's text (the log has it, under the error id).
 The OpenAPI document describes the bodies the handlers parse; their schemas live in
 `components.schemas`, so every `$ref` resolves.
 Streaming answers are sent once the call is recorded (Kafka acknowledged it): the chunks then go out
@@ -46,6 +47,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from agents_adapter.errors import ProxyError
 from agents_adapter.proxy import outputs
 from agents_adapter.proxy.anthropic_api import MessagesApi, MessagesRequest, message_body, message_events
+from agents_adapter.proxy.asgi import FAST_ROUTES, ProxyApp, error_response
 from agents_adapter.proxy.chat_codec import ChatCodec
 from agents_adapter.proxy.config import AdapterConfig
 from agents_adapter.proxy.dispatch import Dispatcher
@@ -65,7 +67,6 @@ from agents_adapter.proxy.routing import RoutingTable
 from agents_adapter.proxy.routing_feed import RoutingFeed
 from agents_adapter.proxy.service import AdapterService, CallContext, Served
 from agents_adapter.proxy.session_book import SessionBook
-from bus.http import http_error
 from bus.metrics import ServiceMetrics, add_metrics_route
 from bus.producer import EventProducer
 
@@ -74,54 +75,6 @@ _SWEEP_S = 30.0
 _Call = TypeVar("_Call", ChatCompletionRequest, CompletionRequest, TokenGenerateRequest, ResponsesRequest,
                 MessagesRequest)
 _Sampled = TypeVar("_Sampled", ChatCompletionRequest, CompletionRequest)
-
-
-def error_response(exc: BaseException) -> Response:
-    """An exception as OpenAI's error body (the status and fields: `bus.http.http_error`, shared)."""
-    error = http_error(exc, log_name="the proxy's log")
-    body = {"error": {"message": error.message, "type": error.error_type, "param": error.param, "code": error.code}}
-    # A conflict is final here (an ended session, an end that differs from the first): openai clients
-    # would otherwise retry a 409 as a lock timeout.
-    headers = {"x-should-retry": "false"} if error.status == 409 else {}
-    headers |= error.headers
-    # ensure_ascii: a message quoting the request (a lone surrogate, say) must still encode
-    return Response(json.dumps(body), status_code=error.status, headers=headers, media_type="application/json")
-
-
-#: The call routes, served ahead of FastAPI's routing and middleware (`ProxyApp`).
-_FAST_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/generate", "/v1/responses", "/v1/messages")
-
-
-class ProxyApp(FastAPI):
-    """FastAPI with the call routes taken straight to their endpoint functions.
-
-    Starlette's middleware stack, route matching and FastAPI's request handling cost about a third of
-    a millisecond of CPU per call (bench/adapter_bench.py's profile) for endpoints that take the bare
-    `Request` and return a `Response`: the call routes are looked up by (method, path) here instead,
-    and their failures go through the same `error_response` as the app's exception handlers (an
-    exception that is no `ProxyError` or HTTP error is raised again once answered, as Starlette's
-    `ServerErrorMiddleware` does, for the server's log). Every other request, and the OpenAPI document,
-    which still lists these routes, are FastAPI's."""
-
-    fast_routes: dict[tuple[str, str], Callable[[Request], Awaitable[Response]]]
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        endpoint = self.fast_routes.get((scope.get("method", ""), scope.get("path", ""))) if (
-            scope["type"] == "http" and not scope.get("root_path")) else None
-        if endpoint is None:
-            await super().__call__(scope, receive, send)
-            return
-        scope["app"] = self
-        unexpected: Exception | None = None
-        try:
-            response = await endpoint(Request(scope, receive, send))
-        except Exception as exc:
-            response = error_response(exc)
-            if not isinstance(exc, ProxyError | RequestValidationError | StarletteHTTPException):
-                unexpected = exc
-        await response(scope, receive, send)
-        if unexpected is not None:
-            raise unexpected
 
 
 def create_app(config: AdapterConfig, *, codec: ChatCodec | None = None,
@@ -149,7 +102,7 @@ def create_app(config: AdapterConfig, *, codec: ChatCodec | None = None,
         app.include_router(router)
     add_metrics_route(app, metrics)
     app.fast_routes = {("POST", route.path): route.endpoint for router in routers for route in router.routes
-                       if isinstance(route, APIRoute) and route.path in _FAST_ROUTES and route.methods == {"POST"}}
+                       if isinstance(route, APIRoute) and route.path in FAST_ROUTES and route.methods == {"POST"}}
     app.openapi = openapi_with_bodies(app)  # type: ignore[method-assign]
     return app
 
