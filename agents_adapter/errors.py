@@ -49,7 +49,7 @@ class DeltaError(TreeError):
 
 
 class ProxyError(AdapterError):
-    """A call the capture proxy could not serve; `app.error_response` turns it into an HTTP error.
+    """A call the capture proxy could not serve; `asgi.error_response` turns it into an HTTP error.
 
     status_code / error_type / code follow the OpenAI error body ({"error": {"message", "type",
     "param", "code"}}); `param` names the offending request field when there is one.

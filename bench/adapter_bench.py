@@ -237,6 +237,19 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
+def thread_cpu(proc: psutil.Process) -> Counter[str]:
+    """CPU ms (user + system) of the process's threads so far, summed by thread name (librdkafka's, the
+    event loop's, the worker threads': where the CPU per call goes besides the profiled event loop)."""
+    out: Counter[str] = Counter()
+    for t in proc.threads():
+        try:
+            name = Path(f"/proc/{proc.pid}/task/{t.id}/comm").read_text().strip()
+        except OSError:
+            continue  # the thread ended
+        out[re.sub(r"\d+$", "N", name)] += (t.user_time + t.system_time) * 1000
+    return out
+
+
 def startup_footprint(proxy_proc: psutil.Process) -> None:
     """The proxy's RSS right after start-up (issue 12: <= 250 MB; ~1 GB while it imported torch) and
     whether torch is mapped into it (its shared libraries would be, were torch imported)."""
@@ -279,6 +292,10 @@ async def measure(args: argparse.Namespace, codec: ChatCodec, engine_url: str, p
         await run_sessions(8, direct, 2, seed=0)  # warm-up: connections, engine, Kafka producer
         await run_sessions(8, through_proxy("warm"), 2, seed=0)
         print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (shared machine)")
+        idle_before = thread_cpu(proxy_proc)
+        await asyncio.sleep(3.0)
+        idle = {k: v - idle_before.get(k, 0.0) for k, v in thread_cpu(proxy_proc).items()}
+        print("proxy CPU while idle, ms/s: " + ", ".join(f"{k} {v / 3:.1f}" for k, v in sorted(idle.items()) if v > 0))
         ratio = await latency_table(args, direct, through_proxy, proxy_proc)
         await capacity(args, http, through_proxy, proxy_url, proxy_proc)
         print(f"\nratio proxy/direct p50 latency: {ratio:.2f}x")
@@ -298,14 +315,17 @@ async def latency_table(args: argparse.Namespace, direct: Turn, through_proxy: C
         proxy_ms: list[float] = []
         direct_err = proxy_err = 0
         cpu_ms = 0.0
+        by_thread: Counter[str] = Counter()
         for r in range(rounds):  # alternate, so both paths see the same background load
             latencies, errors = await run_sessions(sessions, direct, turns, 1 + r, think)
             direct_ms, direct_err = direct_ms + latencies, direct_err + errors
             if args.profile and phase == 0 and r == rounds - 1:
                 proxy_proc.send_signal(signal.SIGUSR2)  # profile the last back-to-back round
-            cpu_before = proxy_proc.cpu_times()
+            cpu_before, threads_before = proxy_proc.cpu_times(), thread_cpu(proxy_proc)
             latencies, errors = await run_sessions(sessions, through_proxy(f"lat{phase}-{r}"), turns, 1 + r, think)
             cpu_after = proxy_proc.cpu_times()
+            if phase == 0:
+                by_thread.update({k: v - threads_before.get(k, 0.0) for k, v in thread_cpu(proxy_proc).items()})
             proxy_ms, proxy_err = proxy_ms + latencies, proxy_err + errors
             cpu_ms += ((cpu_after.user + cpu_after.system) - (cpu_before.user + cpu_before.system)) * 1000
         d50, d99, p50, p99 = (percentile(direct_ms, 0.5), percentile(direct_ms, 0.99),
@@ -317,6 +337,9 @@ async def latency_table(args: argparse.Namespace, direct: Turn, through_proxy: C
         print(f"{label + ': added by the proxy':<54}{p50 - d50:>9.2f}{p99 - d99:>9.2f}"
               f"   (proxy CPU {cpu_ms / max(1, len(proxy_ms)):.2f} ms/call)")
         ratio = p50 / d50
+        if phase == 0:
+            print("  proxy CPU by thread, ms/call: " + ", ".join(
+                f"{name} {ms / max(1, len(proxy_ms)):.2f}" for name, ms in by_thread.most_common(6) if ms > 0))
         if args.profile and phase == 0:
             proxy_proc.send_signal(signal.SIGUSR1)
     return ratio

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any, ClassVar, TypeVar
 
+from schemas.avro_binary import Binding
 from schemas.errors import DecodeError, EncodeError
 from schemas.packed import PackedArray
 
@@ -121,12 +122,11 @@ def _field_codec(
     if kind is not None:
         return _to_bytes, kind
     origin = typing.get_origin(hint)
-    args = typing.get_args(hint)
     if isinstance(hint, type) and issubclass(hint, enum.Enum):
         enum_cls = hint
         return (lambda v: enum_cls(v).value), enum_cls
-    if origin is tuple and args and dataclasses.is_dataclass(args[0]):
-        item: Any = args[0]
+    item = _record_items(hint)
+    if item is not None:
         return (lambda v: [_to_record(x) for x in v]), (lambda v: tuple(_from_record(item, x) for x in v))
     if origin is tuple:
         return list, tuple
@@ -149,6 +149,28 @@ def _from_record(cls: Any, record: dict[str, Any]) -> Any:
         return _codecs(cls)[1](record)
     except (KeyError, TypeError, ValueError) as e:
         raise DecodeError(f"{cls.__name__}: {type(e).__name__}: {e}") from e
+
+
+@cache
+def avro_binding(cls: Any) -> Binding:
+    """How the compiled Avro codec (`schemas.avro_binary`) writes and reads `cls`'s objects directly: the
+    same attributes and converters as `to_avro`/`from_avro`, and an event's `event_type` as a constant."""
+    hints = typing.get_type_hints(cls)
+    fields, nested = {}, {}
+    for attr, avro, enc, dec in _converters(cls):
+        item = _record_items(hints[attr])
+        if item is None:
+            fields[avro] = (attr, enc, dec)
+        else:  # a tuple of records: the codec writes and reads the item objects themselves
+            fields[avro], nested[item.__name__] = (attr, None, tuple), avro_binding(item)
+    constants = {"event_type": cls.__name__} if issubclass(cls, Event) else {}
+    return Binding(cls, fields, constants, nested)
+
+
+def _record_items(hint: Any) -> Any:
+    """The record class of a `tuple[SomeRecord, ...]` field, else None."""
+    args = typing.get_args(hint)
+    return args[0] if typing.get_origin(hint) is tuple and args and dataclasses.is_dataclass(args[0]) else None
 
 
 @cache

@@ -8,12 +8,14 @@ envelope and record mapping of `schemas.envelope`. Their docs are not written tw
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any
 
-from schemas.envelope import Event, Record, new_event_id, now_ms, packed
+from schemas.avro_binary import Decoder, Encoder, Fallback, compile_codec
+from schemas.envelope import Event, Record, avro_binding, new_event_id, now_ms, packed
 from schemas.errors import DecodeError
 from schemas.ops_events import DeadLetter, MetricSample
-from schemas.registry import default_registry, named_records
+from schemas.registry import HEADER_LEN, default_registry, named_records
 from schemas.rollout_events import (
     BatchReady,
     LLMCall,
@@ -91,16 +93,55 @@ def _set_docs_from_avsc() -> None:
 _set_docs_from_avsc()
 
 
+@cache
+def _bound_codec(cls: Any) -> tuple[Encoder, Decoder, bytes] | None:
+    """The compiled codec of `cls`'s current schema bound to the class (the event's bytes straight from its
+    attributes and back: `schemas.avro_binary`) and the schema's header; None where it is not compiled."""
+    current = default_registry().current(cls.__name__)
+    codec = compile_codec(current.parsed, avro_binding(cls))
+    return None if codec is None else (*codec, current.header)
+
+
+#: Header (magic + fingerprint) of a current schema -> its bound decoder, filled as messages arrive.
+_DECODERS: dict[bytes, Decoder] = {}
+
+
 def encode_event(event: Event) -> bytes:
     """Single-object Avro encoding of an event with the current schema of its type."""
+    cls: Any = type(event)
+    codec = _bound_codec(cls)
+    if codec is not None:
+        try:
+            return codec[0](event, codec[2])
+        except Fallback:
+            pass  # what the compiled codec does not take: the dict path encodes it or names what is wrong
     return default_registry().encode(event.event_type, event.to_avro())
 
 
 def decode_event(data: bytes) -> Event:
     """Decodes any released version of any event into its current dataclass."""
+    data = data if type(data) is bytes else bytes(data)
+    decoder = _DECODERS.get(data[:HEADER_LEN]) or _decoder_of(data)
+    if decoder is not None:
+        try:
+            return decoder(data, HEADER_LEN)
+        except Fallback:
+            pass  # fastavro reads it, or names what is wrong
     name, record = default_registry().decode(data)
     try:
-        cls = EVENT_TYPES[name]
+        event_cls = EVENT_TYPES[name]
     except KeyError:
         raise DecodeError(f"schema {name} has no event class") from None
-    return cls.from_avro(record)
+    return event_cls.from_avro(record)
+
+
+def _decoder_of(data: bytes) -> Decoder | None:
+    """The bound decoder of the message's writer schema when it is the current one (remembered), else None;
+    raises the header's errors."""
+    registry = default_registry()
+    writer = registry.writer_of(data)
+    cls: Any = EVENT_TYPES.get(writer.name)
+    if cls is None or writer is not registry.current(writer.name) or (codec := _bound_codec(cls)) is None:
+        return None
+    _DECODERS[writer.header] = codec[1]
+    return codec[1]

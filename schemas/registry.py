@@ -14,13 +14,14 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, cached_property
 from pathlib import Path
 from typing import Any, Final
 
 import fastavro
 from fastavro.schema import to_parsing_canonical_form
 
+from schemas.avro_binary import Decoder, Encoder, Fallback, compile_codec
 from schemas.errors import (
     BadMagicError,
     DecodeError,
@@ -81,7 +82,13 @@ class SchemaVersion:
     definition: Mapping[str, Any]
     parsed: Any
 
-    @property
+    @cached_property
+    def compiled(self) -> tuple[Encoder, Decoder] | None:
+        """The compiled Avro codec of this version (`schemas.avro_binary`), None where it is not compiled;
+        compiled on first use, so a process pays only for the schemas it writes or reads."""
+        return compile_codec(self.parsed)
+
+    @cached_property
     def header(self) -> bytes:
         return MAGIC + self.fingerprint.to_bytes(8, "little")
 
@@ -168,6 +175,11 @@ class SchemaRegistry:
     def encode(self, name: str, record: Mapping[str, Any], version: SchemaVersion | None = None) -> bytes:
         """Single-object encoding of `record` with the current schema of `name` (or `version`)."""
         writer = version or self.current(name)
+        if writer.compiled is not None:
+            try:
+                return writer.compiled[0](record, writer.header)
+            except Fallback:
+                pass  # fastavro encodes it, or names what is wrong
         buf = io.BytesIO()
         buf.write(writer.header)
         try:
@@ -180,6 +192,11 @@ class SchemaRegistry:
         """Reads any released version and resolves it to the current schema of its event."""
         writer = self.writer_of(data)
         reader = self._current[writer.name]
+        if writer is reader and writer.compiled is not None:
+            try:
+                return writer.name, writer.compiled[1](data if type(data) is bytes else bytes(data), HEADER_LEN)
+            except Fallback:
+                pass  # fastavro reads it, or names what is wrong
         body = io.BytesIO(memoryview(data)[HEADER_LEN:])
         try:
             if writer is reader:

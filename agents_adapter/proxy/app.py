@@ -19,7 +19,8 @@ Endpoints (agent key = `Authorization: Bearer <key>`; admin key likewise):
 
 Sessions and the order of a request's checks: `http_requests`. Every failure becomes an OpenAI error
 body {"error": {"message", "type", "param", "code"}} in one function,
-`error_response`; a 5xx body never carries an exception's text (the log has it, under the error id).
+`asgi.error_response` (the call routes are served by `asgi.ProxyApp` ahead of FastAPI's routing);
+a 5xx body never carries an exception's text (the log has it, under the error id).
 The OpenAPI document describes the bodies the handlers parse; their schemas live in
 `components.schemas`, so every `$ref` resolves.
 Streaming answers are sent once the call is recorded (Kafka acknowledged it): the chunks then go out
@@ -40,11 +41,13 @@ from typing import Any, TypeVar
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agents_adapter.errors import ProxyError
 from agents_adapter.proxy import outputs
 from agents_adapter.proxy.anthropic_api import MessagesApi, MessagesRequest, message_body, message_events
+from agents_adapter.proxy.asgi import FAST_ROUTES, ProxyApp, error_response
 from agents_adapter.proxy.chat_codec import ChatCodec
 from agents_adapter.proxy.config import AdapterConfig
 from agents_adapter.proxy.dispatch import Dispatcher
@@ -64,7 +67,6 @@ from agents_adapter.proxy.routing import RoutingTable
 from agents_adapter.proxy.routing_feed import RoutingFeed
 from agents_adapter.proxy.service import AdapterService, CallContext, Served
 from agents_adapter.proxy.session_book import SessionBook
-from bus.http import http_error
 from bus.metrics import ServiceMetrics, add_metrics_route
 from bus.producer import EventProducer
 
@@ -75,18 +77,6 @@ _Call = TypeVar("_Call", ChatCompletionRequest, CompletionRequest, TokenGenerate
 _Sampled = TypeVar("_Sampled", ChatCompletionRequest, CompletionRequest)
 
 
-def error_response(exc: BaseException) -> Response:
-    """An exception as OpenAI's error body (the status and fields: `bus.http.http_error`, shared)."""
-    error = http_error(exc, log_name="the proxy's log")
-    body = {"error": {"message": error.message, "type": error.error_type, "param": error.param, "code": error.code}}
-    # A conflict is final here (an ended session, an end that differs from the first): openai clients
-    # would otherwise retry a 409 as a lock timeout.
-    headers = {"x-should-retry": "false"} if error.status == 409 else {}
-    headers |= error.headers
-    # ensure_ascii: a message quoting the request (a lone surrogate, say) must still encode
-    return Response(json.dumps(body), status_code=error.status, headers=headers, media_type="application/json")
-
-
 def create_app(config: AdapterConfig, *, codec: ChatCodec | None = None,
                producer: EventProducer | None = None) -> FastAPI:
     """Builds the proxy. The tokenizer and template are loaded (and probed) here; Kafka is reached
@@ -95,7 +85,7 @@ def create_app(config: AdapterConfig, *, codec: ChatCodec | None = None,
     service, feed = _build_service(config, codec, producer, metrics)
     _export(service, metrics)
     gate = RequestGate(config)
-    app = FastAPI(title="SeamlessFlow agents adapter", lifespan=_lifespan(service, feed))
+    app = ProxyApp(title="SeamlessFlow agents adapter", lifespan=_lifespan(service, feed))
     app.state.service = service
     app.state.routing = service.routing
     app.state.config = config
@@ -106,10 +96,13 @@ def create_app(config: AdapterConfig, *, codec: ChatCodec | None = None,
 
     for exc_type in (ProxyError, RequestValidationError, StarletteHTTPException, Exception):
         app.add_exception_handler(exc_type, handle)
-    for router in (_call_routes(service, gate), _translated_routes(service, gate), _session_routes(service.book, gate),
-                   _admin_routes(service, gate)):
+    routers = (_call_routes(service, gate), _translated_routes(service, gate), _session_routes(service.book, gate),
+               _admin_routes(service, gate))
+    for router in routers:
         app.include_router(router)
     add_metrics_route(app, metrics)
+    app.fast_routes = {("POST", route.path): route.endpoint for router in routers for route in router.routes
+                       if isinstance(route, APIRoute) and route.path in FAST_ROUTES and route.methods == {"POST"}}
     app.openapi = openapi_with_bodies(app)  # type: ignore[method-assign]
     return app
 

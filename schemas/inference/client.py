@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import aiohttp
+import orjson
 
 from schemas.inference.control import EngineControl, control_key_from_env
 from schemas.inference.errors import InferenceHTTPError
@@ -125,7 +126,7 @@ class InferenceClient:
         return self._session
 
     async def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> _Reply:
-        data = None if body is None else json.dumps(body).encode()
+        data = None if body is None else orjson.dumps(body)  # the same JSON as json.dumps (compact), faster
         headers = None if body is None else {"Content-Type": "application/json"}
         async with self._http().request(method, f"{self.base_url}{path}", data=data, headers=headers) as response:
             return _Reply(response.status, await response.read())
