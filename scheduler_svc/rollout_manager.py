@@ -67,13 +67,11 @@ from scheduler_svc.lending import Estimates, observe, take_count
 from scheduler_svc.loader import GroupState, StreamingDataLoader
 from scheduler_svc.policies import StragglerRule, TagPolicy
 from scheduler_svc.pool import ResourcePool
+from scheduler_svc.refill import recent_shares, refill_groups
 from scheduler_svc.returns import Emit, ReturnPlanner
 from scheduler_svc.settings import SchedulerSettings
 from scheduler_svc.tags import ACTIVITY, ROLLOUT, TRAIN, WEIGHT_SYNC
 from scheduler_svc.weight_syncs import WeightSyncLedger
-
-#: dynamic sampling: steps whose filtered share sizes the next batch, and the share it assumes at most
-FILTER_WINDOW_STEPS, MAX_FILTERED_SHARE = 3, 0.75
 
 
 @dataclass
@@ -128,11 +126,8 @@ class RolloutManager(ReturnPlanner):
         """Groups a step takes: B, or under dynamic sampling as many more as make B groups with reward
         variance at the share the trainer filtered in the recent steps (at most B + the extra allowed):
         the refill comes from rollout the scheduler dispatches for it, within the staleness budget."""
-        b, extra = self.settings.train_batch_groups, self.settings.dynamic_sampling_extra_groups
-        if not extra or not self.filtered_share:
-            return b
-        share = min(MAX_FILTERED_SHARE, sum(self.filtered_share) / len(self.filtered_share))
-        return min(b + extra, math.ceil(b / (1.0 - share) - 1e-9))
+        return refill_groups(self.settings.train_batch_groups, self.settings.dynamic_sampling_extra_groups,
+                             self.filtered_share)
 
     @property
     def microbatch_groups(self) -> int:
@@ -364,7 +359,7 @@ class RolloutManager(ReturnPlanner):
             return  # a stale or duplicated report (the step was preempted or already counted)
         self.version = max(self.version, obs.version)
         if self.settings.dynamic_sampling_extra_groups and t.fed:
-            self.filtered_share = [*self.filtered_share, min(1.0, obs.filtered / t.fed)][-FILTER_WINDOW_STEPS:]
+            self.filtered_share = recent_shares(self.filtered_share, obs.filtered, t.fed)
         self.lag_histogram.update(t.lags)
         self.token_lag_histogram.update(t.token_lags)
         self.steps_completed += 1

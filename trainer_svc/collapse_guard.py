@@ -44,9 +44,13 @@ class StepMetrics:
     reward_mean: float = math.nan  # nan: a history checkpointed before the guard read rewards
 
     @classmethod
-    def of(cls, event: TrainStepCompleted) -> StepMetrics:
+    def of(cls, event: TrainStepCompleted, filtered_rewards: Sequence[float] = ()) -> StepMetrics:
+        """`filtered_rewards`: the rewards of the sessions dynamic sampling left out of the step."""
+        trained = len(event.trajectory_ids)
+        total = event.reward_mean * trained + sum(filtered_rewards)
+        reward = total / (trained + len(filtered_rewards)) if trained + len(filtered_rewards) else event.reward_mean
         return cls(event.step, event.entropy, event.response_length_mean, event.truncated_fraction,
-                   event.zero_variance_fraction, event.reward_mean)
+                   event.zero_variance_fraction, reward)
 
     def to_json(self) -> list[float]:
         return [self.step, self.entropy, self.response_length_mean, self.truncated_fraction,
@@ -92,10 +96,11 @@ def detect(history: Sequence[StepMetrics], config: CollapseGuardConfig,
 
 
 def converged(recent: Sequence[StepMetrics], config: CollapseGuardConfig) -> bool:
-    """Every recent step's mean reward reached `converged_reward`: low entropy and groups that all got one
-    reward then mean the policy solves its tasks, which is where RL is meant to end up."""
+    """The recent steps' mean reward reached `converged_reward`: low entropy and groups that all got one
+    reward then mean the policy solves its tasks, which is where RL is meant to end up. (The window's
+    mean: a single step of 16 sampled sessions is too noisy to tell.)"""
     target = config.converged_reward
-    return target is not None and all(m.reward_mean >= target for m in recent)
+    return target is not None and fmean(m.reward_mean for m in recent) >= target
 
 
 def _length(recent: Sequence[StepMetrics], baseline: Sequence[StepMetrics] | None, config: CollapseGuardConfig,

@@ -218,9 +218,10 @@ class CollapseGuardConfig(_Section):
     max_zero_variance_fraction: float = Field(default=1.0, gt=0, le=1)
     """zero_variance: at least this share of the step's groups had one reward (no GRPO gradient left)."""
     converged_reward: float | None = None
-    """The mean reward of a policy that solves its tasks (None: unknown). While every step of the window
-    reaches it, entropy_collapse and zero_variance are not signalled: a policy that solves its tasks is
-    greedy and its groups agree, which is convergence. Length runaway and entropy explosion still are."""
+    """The mean reward of a policy that solves its tasks (None: unknown). While the window's steps reach it
+    on average (the reward of every session they saw, dynamic sampling's filtered ones included),
+    entropy_collapse and zero_variance are not signalled: a policy that solves its tasks is greedy and its
+    groups agree, which is convergence. Length runaway and entropy explosion still are."""
 
 
 class TrainerConfig(_Section):

@@ -12,7 +12,7 @@ plain functions of the ledger.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from trainer_svc.config import AlgorithmConfig
 from trainer_svc.ledger import Ledger
@@ -27,6 +27,7 @@ class Fill:
     group_ids: tuple[str, ...]
     filtered: tuple[str, ...] = ()
     added: tuple[str, ...] = ()
+    filtered_rewards: tuple[float, ...] = field(default=(), compare=False)  # the filtered sessions' (collapse guard)
 
     def describe(self) -> str:
         return (f"dynamic sampling: {len(self.filtered)} group(s) with zero reward variance filtered, "
@@ -58,7 +59,7 @@ def standalone_fill(ledger: Ledger, groups_per_step: int, algo: AlgorithmConfig)
     for gid in ready:
         (filtered if _zero_variance(ledger, gid, algo) else kept).append(gid)
         if len(kept) == groups_per_step or len(filtered) >= algo.dynamic_sampling_max_filtered:
-            return Fill(tuple(kept), tuple(filtered))
+            return Fill(tuple(kept), tuple(filtered), filtered_rewards=rewards_of(ledger, filtered))
     return None
 
 
@@ -81,4 +82,9 @@ def scheduled_fill(ledger: Ledger, assigned: Sequence[str], algo: AlgorithmConfi
     has_data = [gid for gid in kept if gid in ledger.groups and ledger.groups[gid].trajectories]
     if not has_data and not added:
         return Fill(tuple(assigned))
-    return Fill((*kept, *added), tuple(filtered), tuple(added))
+    return Fill((*kept, *added), tuple(filtered), tuple(added), rewards_of(ledger, filtered))
+
+
+def rewards_of(ledger: Ledger, group_ids: Sequence[str]) -> tuple[float, ...]:
+    """The rewards of the buffered sessions of `group_ids`."""
+    return tuple(t.reward for gid in group_ids if gid in ledger.groups for t in ledger.groups[gid].ordered())

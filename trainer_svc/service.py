@@ -314,12 +314,12 @@ class TrainerService:
         if plan.missing or plan.partial or plan.already:
             self._log("some assigned groups are not all here", logging.WARNING, missing=",".join(plan.missing),
                       partial=",".join(plan.partial), already_trained=",".join(plan.already))
-        ledger.finish((*plan.empty, *fill.filtered), trainer.step)
         if pending is not None:
             ledger.pending.pop(pending.assignment_id, None)
         step, policy_version = trainer.step + 1, trainer.version
         origin = self._origin(pending.assignment_id if pending is not None else self.config.run_id)
         untrained = (*plan.untrained_if_skipped, *fill.filtered)
+        ledger.finish((*plan.empty, *fill.filtered), trainer.step)
         if not plan.trajectories:
             self._skip_step(origin, step, untrained, fill.describe() if fill.filtered else plan.nothing_reason())
             return None
@@ -346,7 +346,7 @@ class TrainerService:
     def _checkpoint_and_publish(self, origin: StepOrigin, result: StepResult, fill: Fill) -> Path:
         """Steps 3 and 4: the step's events are kept in the checkpoint, so a crash after its rename
         publishes them on restart (`_republish_last_step`)."""
-        completed = self._guarded(completed_event(origin, result, fill))
+        completed = self._guarded(completed_event(origin, result, fill), fill.filtered_rewards)
         weights_ts = now_ms()
         self.ledger.last_step = {"completed": base64.b64encode(encode_event(completed)).decode("ascii"),
                                  "weights_ts_ms": weights_ts, "correlation_id": origin.correlation_id}
@@ -359,10 +359,10 @@ class TrainerService:
         self._producer.publish_sync(weights)
         return directory
 
-    def _guarded(self, event: TrainStepCompleted) -> TrainStepCompleted:
-        """The step's report with what the collapse guard sees over the recent steps (a warning when any)."""
-        guard, limit = self.config.collapse_guard, self.config.algorithm.max_response_tokens
-        self.ledger.step_metrics, signals = observe(self.ledger.step_metrics, StepMetrics.of(event), guard, limit)
+    def _guarded(self, event: TrainStepCompleted, filtered: Sequence[float] = ()) -> TrainStepCompleted:
+        """The step's report with the collapse guard's signals (`filtered`: the filtered sessions' rewards)."""
+        guard, limit, history = self.config.collapse_guard, self.config.algorithm.max_response_tokens, self.ledger
+        history.step_metrics, signals = observe(history.step_metrics, StepMetrics.of(event, filtered), guard, limit)
         if signals:
             self._log("collapse guard: the run is collapsing", logging.WARNING, step=event.step,
                       signals="; ".join(signals))

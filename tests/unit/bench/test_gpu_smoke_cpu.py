@@ -19,7 +19,8 @@ SCRIPT = REPO / "bench" / "gpu_smoke.py"
 
 def smoke(*args: str, timeout_s: float = 300) -> subprocess.CompletedProcess[str]:
     """The script in its own process, as a user runs it (DeepSpeed's process group stays out of pytest's)."""
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    # not this process's MASTER_PORT: an in-process trainer of an earlier test holds it (EADDRINUSE)
+    env = {k: v for k, v in os.environ.items() if k != "MASTER_PORT"} | {"TOKENIZERS_PARALLELISM": "false"}
     return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=timeout_s)
 

@@ -35,7 +35,9 @@ def test_the_demo_recipe_reaches_the_trainer_with_the_agents_token_limit(tmp_pat
     assert service.algorithm.aggregation == "seq_mean_token_mean"
     assert service.algorithm.max_response_tokens == config.agent.max_tokens == 80
     assert service.engine.learning_rate == config.trainer.learning_rate
-    assert not service.algorithm.dynamic_sampling and service.collapse_guard.enabled
+    assert service.algorithm.dynamic_sampling and service.algorithm.overlong_mask  # the demo's recipe
+    assert service.collapse_guard.enabled and service.collapse_guard.converged_reward == 0.85
+    assert config.scheduler.dynamic_sampling_extra_groups > 0  # the scheduler refills what the trainer filters
 
 
 def test_every_option_reaches_the_trainer(tmp_path: Path) -> None:

@@ -10,7 +10,8 @@ import random
 
 import pytest
 
-from schemas.events import Trajectory
+from schemas.events import TrainStepCompleted, Trajectory
+from tests.factories import example
 from tests.unit.trainer.trainer_helpers import node, trajectory
 from trainer_svc.collapse_guard import StepMetrics, detect, keep
 from trainer_svc.config import AlgorithmConfig, CollapseGuardConfig, ServiceConfig
@@ -147,3 +148,11 @@ def test_bad_guard_settings_name_the_field(tmp_path: object) -> None:
     with pytest.raises(ConfigError, match=r"collapse_guard\.window"):
         ServiceConfig.from_mapping({"run_id": "r", "base_model_dir": "x", "weights_root": "w",
                                     "collapse_guard": {"window": 0}})
+
+
+def test_the_guard_reads_the_reward_of_every_session_the_step_saw() -> None:
+    """Dynamic sampling trains only the groups that disagree: the trained batch's reward (here 0.5) stays
+    low however well the policy does; the sessions it filtered (all right) count in the guard's reward."""
+    event = example(TrainStepCompleted, step=7, reward_mean=0.5, trajectory_ids=("a", "b", "c", "d"))
+    assert StepMetrics.of(event).reward_mean == 0.5
+    assert StepMetrics.of(event, [1.0] * 12).reward_mean == pytest.approx((0.5 * 4 + 12) / 16)
