@@ -8,6 +8,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 JARS := infra/kafka/lib/.resolved
+OPS := .cache/torch_extensions/.built
 export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
 export DS_ACCELERATOR := cpu
 export TOKENIZERS_PARALLELISM := false
@@ -30,7 +31,12 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q --no-build-isolation 'deepspeed>=0.14'
 	@touch $@
 
-install: $(STAMP)
+# DeepSpeed's CPU ops are JIT-built on first use (~1 min); built here, a first train step does not pay for it.
+$(OPS): $(STAMP)
+	$(PY) -c "from trainer_svc.engine import build_cpu_ops; build_cpu_ops()"
+	@touch $@
+
+install: $(STAMP) $(OPS)
 
 $(JARS): infra/kafka/pom.xml
 	mvn -q -B -f infra/kafka/pom.xml dependency:copy-dependencies
@@ -55,7 +61,7 @@ lint: $(STAMP)
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mypy schemas bus infra agents_adapter inference_svc scheduler_svc trainer_svc examples
 
-test: $(STAMP) $(JARS) packages
+test: $(STAMP) $(OPS) $(JARS) packages
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -m "not gpu" tests
@@ -69,7 +75,7 @@ up: $(STAMP) $(JARS)
 down:
 	@test -x $(VENV)/bin/sflow && $(VENV)/bin/sflow down || true
 
-demo: $(STAMP) $(JARS)
+demo: $(STAMP) $(OPS) $(JARS)
 	$(PY) -m infra.demo
 
 bench: $(STAMP) $(JARS)

@@ -59,6 +59,23 @@ def prepare_environment(device: str) -> None:
         os.environ.setdefault(name, value)
 
 
+def build_cpu_ops() -> None:
+    """Compiles the C++ ops DeepSpeed's CPU accelerator JIT-builds on first use, into TORCH_EXTENSIONS_DIR.
+
+    Why ahead of time: the gloo process group loads the shared-memory collective op
+    (`deepspeed_shm_comm`), whose first build takes about a minute on two cores; paid inside the first
+    train step, that minute is a train step the scheduler sees as a straggler (`make install` runs this).
+    Later loads find the built library and take milliseconds.
+    """
+    prepare_environment("cpu")
+    try:
+        from deepspeed.accelerator import get_accelerator
+
+        get_accelerator().create_op_builder("ShareMemCommBuilder").load()
+    except Exception as e:  # a compiler error surfaces as anything from RuntimeError to CalledProcessError
+        raise EngineError(f"building DeepSpeed's CPU ops into {os.environ['TORCH_EXTENSIONS_DIR']} failed: {e}") from e
+
+
 def _init_process_group(device: str) -> None:
     import deepspeed
 

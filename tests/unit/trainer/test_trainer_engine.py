@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from trainer_svc.config import EngineConfig
-from trainer_svc.engine import TrainEngine, deepspeed_config, prepare_environment
+from trainer_svc.engine import TrainEngine, build_cpu_ops, deepspeed_config, prepare_environment
 from trainer_svc.errors import EngineError
 
 pytestmark = pytest.mark.unit
@@ -87,6 +87,16 @@ def test_environment_defaults_for_one_rank(monkeypatch: pytest.MonkeyPatch) -> N
     prepare_environment("cpu")
     assert os.environ["WORLD_SIZE"] == "1" and int(os.environ["MASTER_PORT"]) > 0
     assert os.environ["TORCH_EXTENSIONS_DIR"]
+
+
+def test_cpu_ops_are_built_ahead_of_the_first_step() -> None:
+    """`make install` builds the shared-memory collective op the gloo process group loads, so the first
+    train step of a fresh clone does not spend a minute compiling it (issue 15's fresh-clone run)."""
+    import os
+    from pathlib import Path
+
+    build_cpu_ops()
+    assert list(Path(os.environ["TORCH_EXTENSIONS_DIR"]).glob("deepspeed_shm_comm/*.so"))
 
 
 @pytest.mark.slow
