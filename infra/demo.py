@@ -34,7 +34,7 @@ from infra.kafka.cluster import REPO_ROOT, KafkaCluster
 from infra.launcher import Launcher, ServiceSpec
 from infra.monitor import RunMonitor, RunState
 from infra.prometheus import write_scrape_config
-from infra.run_config import RunConfig
+from infra.run_config import RunConfig, RunSection
 from infra.run_inputs import RunPaths, prepare_model, write_eval_tasks, write_tasks
 from infra.scalars import ScalarWriter
 from infra.summary import summarise
@@ -241,7 +241,7 @@ def run(
                 launcher.start(spec)
         if on_started is not None:
             on_started(paths.root)
-        follow(config, monitor, launcher, cluster, faults)
+        ended_by = follow(config, monitor, launcher, cluster, faults)
         launcher.stop("rollout-workers")
         if config.eval.enabled and monitor.snapshot().steps >= config.run.max_steps:  # the end evaluation
             monitor.wait_eval(config.run.max_steps, config.eval.end_timeout_s)
@@ -250,7 +250,7 @@ def run(
             log.warning("calls in no trajectory at shutdown", extra={"calls": unassembled})
         launcher.stop_all()
         monitor.drain(5.0)
-        summarise(config, paths, monitor)
+        summarise(config, paths, monitor, ended_by)
         return RunResult(paths.root, bus, adapter_stats, monitor.snapshot())
     finally:
         launcher.stop_all()
@@ -279,17 +279,28 @@ def inject(fault: Fault, launcher: Launcher, cluster: KafkaCluster) -> None:
     log.warning("fault injected", extra={"target": fault.target, "at_step": fault.at_step})
 
 
+def stop_reason(state: RunState, run: RunSection, now_ms: int, since_ms: int) -> str | None:
+    """Why a run that `follow` has watched since `since_ms` ends now, or None while it goes on."""
+    if state.steps >= run.max_steps:
+        return "max_steps"
+    if now_ms - since_ms >= run.max_minutes * 60_000:
+        return "max_minutes"
+    if now_ms - max(state.progress_ms, since_ms) >= run.stall_minutes * 60_000:
+        return "stalled"
+    return None
+
+
 def follow(config: RunConfig, monitor: RunMonitor, launcher: Launcher, cluster: KafkaCluster,
-           faults: Sequence[Fault] = ()) -> None:
-    """Progress bars until the run has done its steps (or its time is up)."""
-    deadline = time.monotonic() + config.run.max_minutes * 60
+           faults: Sequence[Fault] = ()) -> str:
+    """Progress bars until the run has done its steps, its time is up or it stalled; returns which."""
+    since_ms = int(time.time() * 1000)
     pending = sorted(faults, key=lambda f: f.at_step)
     restarts: Counter[str] = Counter()
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[info]}"),
                   TimeElapsedColumn(), console=console) as progress:
         steps = progress.add_task("train steps", total=config.run.max_steps, info="")
         rollout = progress.add_task("rollout", total=None, info="")
-        while time.monotonic() < deadline:
+        while True:
             s = monitor.snapshot()
             progress.update(steps, completed=min(s.steps, config.run.max_steps),
                             info=f"policy v{s.version}  reward {s.last_reward:.2f}")
@@ -298,9 +309,13 @@ def follow(config: RunConfig, monitor: RunMonitor, launcher: Launcher, cluster: 
             restart_exited(launcher, restarts, config.run.max_restarts)
             while pending and s.steps >= pending[0].at_step:
                 inject(pending.pop(0), launcher, cluster)
-            if s.steps >= config.run.max_steps:
+            if reason := stop_reason(s, config.run, int(time.time() * 1000), since_ms):
                 break
             time.sleep(1.0)
+    if reason == "stalled":
+        log.warning("run stalled: nothing completed, stopping it", extra={
+            "steps": s.steps, "stall_minutes": config.run.stall_minutes})
+    return reason
 
 
 def restart_exited(launcher: Launcher, restarts: Counter[str], max_restarts: int) -> None:

@@ -82,6 +82,7 @@ class RunState:
     collapse: list[tuple[int, tuple[str, ...]]] = field(default_factory=list)  # (step, collapse guard signals)
     evals: dict[int, ev.EvalCompleted] = field(default_factory=dict)  # held-out evaluations by step
     end_ms: int = 0
+    progress_ms: int = 0  # when the latest LLM call or train step completed: what tells a run from a stalled one
     # Calls recorded but in no trajectory yet, and trajectory calls whose LLMCall is not seen yet (the
     # two topics are read independently, so either may come first).
     unassembled: set[str] = field(default_factory=set)
@@ -205,6 +206,8 @@ class RunState:
         self.end_ms = max(self.end_ms, event.ts_ms)
         if isinstance(event, ev.TrainStepCompleted):
             self.filtered_groups.update(event.filtered_group_ids)
+        if isinstance(event, ev.LLMCall | ev.TrainStepCompleted):
+            self.progress_ms = max(self.progress_ms, event.ts_ms)
         if isinstance(event, ev.LLMCall):
             if is_held_out(event.group_id):  # an evaluation's call: real engine work, but no rollout of training
                 self.held_out_calls += 1

@@ -120,6 +120,9 @@ class AgentSection(_Strict):
 class RunSection(_Strict):
     max_steps: int = Field(default=12, ge=1, description="Stop after this many train steps.")
     max_minutes: float = Field(default=9.0, gt=0, description="Or after this much wall time.")
+    stall_minutes: float = Field(default=3.0, gt=0, description=(
+        "Or when no LLM call and no train step has completed for this long (the task stream ran out before"
+        " max_steps, or a fault left nothing to do): the run ends, saying so, instead of idling to max_minutes."))
     max_restarts: int = Field(default=3, ge=0, description=(
         "A service that exits is restarted (each restarts from its own durable state, as after a kill), at most"
         " this many times per service; past that the run stops with an error."))

@@ -21,7 +21,11 @@ log = logging.getLogger("sflow.demo")
 console = Console()
 
 
-def summarise(config: RunConfig, paths: RunPaths, monitor: RunMonitor) -> None:
+ENDED_BY = {"max_steps": "run.max_steps reached", "max_minutes": "run.max_minutes reached",
+            "stalled": "stall: nothing completed for run.stall_minutes (task stream exhausted?)"}
+
+
+def summarise(config: RunConfig, paths: RunPaths, monitor: RunMonitor, ended_by: str) -> None:
     from infra.charts import draw_charts
 
     s = monitor.snapshot()
@@ -37,6 +41,7 @@ def summarise(config: RunConfig, paths: RunPaths, monitor: RunMonitor) -> None:
     table.add_row(f"reward of the trained batch, first / last {k} steps", f"{first:.3f} / {last:.3f}")
     table.add_row(f"reward of every session, first / last {k} versions", f"{rollout_first:.3f} / {rollout_last:.3f}")
     table.add_row("train steps / policy version", f"{s.steps} / v{s.version}")
+    table.add_row("ended by", ENDED_BY[ended_by])
     table.add_row("LLM calls / sessions", f"{s.calls} / {s.trajectories}")
     table.add_row("rollout tokens/s (mean)", f"{s.mean_tokens_per_s:,.1f}")
     for rid, (busy, idle) in sorted(util.items()):
@@ -58,7 +63,7 @@ def summarise(config: RunConfig, paths: RunPaths, monitor: RunMonitor) -> None:
     charts = draw_charts(paths.root, s)
     summary = {"reward_first": first, "reward_last": last, "rollout_reward_first": rollout_first,
                "rollout_reward_last": rollout_last, "steps": s.steps, "calls": s.calls,
-               "sessions": s.trajectories, "tokens_per_s": s.mean_tokens_per_s,
+               "sessions": s.trajectories, "ended_by": ended_by, "tokens_per_s": s.mean_tokens_per_s,
                "utilisation": {r: {"busy": b, "work": work.get(r, 0.0), "idle": i} for r, (b, i) in util.items()},
                "mean_staleness": s.mean_staleness, "mean_pause_ms": s.mean_pause_ms,
                "calls_spanning_update": s.calls_spanning_update,
