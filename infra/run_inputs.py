@@ -11,7 +11,8 @@ import dataclasses
 import hashlib
 import json
 import shutil
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -82,6 +83,22 @@ def warmup_cache_key(config: RunConfig) -> str:
     ).hexdigest()[:12]
 
 
+@contextmanager
+def _one_torch_thread() -> Iterator[None]:
+    """The warm-up's model is tiny and the machine's cores are shared with the broker and other jobs: with
+    torch's default of one thread per core its OpenMP workers spin-wait for each other whenever a core is
+    taken (measured on 2 cores at load 6.6: over 10 s a step with 2 threads, 2.2 s with 1). The services run
+    with one thread too (infra/launcher.py)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def prepare_model(config: RunConfig, paths: RunPaths) -> Path:
     """Base model + supervised warm-up, cached by its settings under var/cache (a re-run is instant)."""
     from inference_svc.default_model import DefaultModelSpec, create_default_model
@@ -95,9 +112,9 @@ def prepare_model(config: RunConfig, paths: RunPaths) -> Path:
         base = create_default_model(stack.VAR_DIR / "cache" / f"base-{key}", spec)
         if config.model.warmup_steps:
             data = _demonstrations(config)
-            with Progress(TextColumn("warm-up (supervised, cached after the first run)"), BarColumn(),
-                          MofNCompleteColumn(), TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn(),
-                          console=console) as progress:
+            columns = (TextColumn("warm-up (supervised, cached after the first run)"), BarColumn(),
+                       MofNCompleteColumn(), TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn())
+            with _one_torch_thread(), Progress(*columns, console=console) as progress:
                 bar = progress.add_task("warm-up", total=config.model.warmup_steps, loss="-")
                 supervised_warmup(base, cached.with_suffix(".tmp"), data.conversations, data.tools,
                                   steps=config.model.warmup_steps, seed=config.warmup_seed,
