@@ -32,15 +32,12 @@ Rules (each decision's numbers go into its `reason`):
   batch is there at the start (span 0) and the step takes them all. (Not the group rate: rollout
   is throttled by the staleness budget while training lags, so a rate would read a train
   bottleneck as a slow rollout and take fewer still.)
-* the stragglers' rest: read from the groups rolling out, each with its age (since its dispatch),
-  against the latencies of the last `LATENCY_WINDOW` completed groups: a group `a` seconds in is
-  done within `h` with the share of the latencies longer than `a` that end by `a + h`; the rest is
-  the horizon by which the missing groups are expected done (a group not dispatched yet counts as
-  age 0), and, under the strict bound's wait rule, by which every group the batch must wait for is
-  (less half a group each time: even odds). A rate cannot tell the long tail (a batch's last groups,
-  long in flight, come much slower than the rate) from a fresh start; ages can. Before
-  `MIN_LATENCIES` completions, the rate times the tail factor: a step's first partial micro-batch
-  predicts by the rate when its batch's last group arrives, the final one says when it did;
+* the stragglers' rest: when the missing groups (and, under the strict bound's wait rule, every
+  group the batch must wait for) are expected done, read from the ages of the groups rolling out
+  against the last `LATENCY_WINDOW` latencies (`scheduler_svc.arrivals`: a rate cannot tell a
+  batch's long tail from a fresh start, ages can); before `scheduler_svc.arrivals.MIN_LATENCIES`
+  completions, the rate times the tail factor (a step's first partial micro-batch predicts by the
+  rate when its batch's last group arrives, the final one says when it did);
 * start: a partial batch starts training when ``rest_s <= switch_s + train_s(ready)``: the groups still
   missing will be complete before the ready ones are trained; at once when training is the
   bottleneck (`train_bound`: a batch's training fills most of the step period, every second off it
@@ -66,10 +63,8 @@ Without estimates (the first step) every rule takes the bet (all resources), i.e
 
 from __future__ import annotations
 
-import bisect
 import math
 from collections import deque
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,10 +98,6 @@ LEND_DECLINED = "lend_declined"
 TRAIN_BOUND_SHARE = 0.85
 #: completed groups whose latencies (dispatch to TaskCompleted) the stragglers' rest is read from
 LATENCY_WINDOW = 64
-#: fewest observed latencies before the stragglers' rest is read from them (else from the rate)
-MIN_LATENCIES = 8
-#: bisections of the arrival horizon (of the longest latency: 2^-20 of it is well under a second)
-ARRIVAL_BISECTIONS = 20
 #: bounds of the tail factor: the last groups of a batch come slower than the rate says (the long
 #: tail), but one odd step must not make every later estimate absurd
 TAIL_BIAS_RANGE = (0.5, 8.0)
@@ -257,45 +248,6 @@ class Estimates:
         }
 
 
-def _done_within(lats: Sequence[float], ages: Sequence[float], horizon: float) -> float:
-    """Expected count of the groups of these `ages` complete within `horizon` seconds, each by the
-    observed latencies (sorted) longer than its age; one older than all of them is due now."""
-    count = 0.0
-    n = len(lats)
-    for age in ages:
-        longer = n - bisect.bisect_right(lats, age)
-        if longer == 0:
-            count += 1.0
-            continue
-        count += (bisect.bisect_right(lats, age + horizon) - (n - longer)) / longer
-    return count
-
-
-def _horizon(lats: Sequence[float], ages: Sequence[float], wanted: float) -> float:
-    """Shortest horizon within which `wanted` of the groups of these `ages` are expected complete."""
-    if wanted <= 0 or not ages:
-        return 0.0
-    lo, hi = 0.0, lats[-1]
-    for _ in range(ARRIVAL_BISECTIONS):
-        mid = (lo + hi) / 2
-        lo, hi = (lo, mid) if _done_within(lats, ages, mid) >= wanted else (mid, hi)
-    return hi
-
-
-def arrival_s(est: Estimates, ages: Sequence[float], missing: int, barrier: Sequence[float] = ()) -> float | None:
-    """Seconds until `missing` more groups are complete, read from the groups rolling out (`ages`:
-    how long each has) against the observed latencies (each group's chance to be done within a
-    horizon is the share of the latencies longer than its age that end within it): the horizon
-    within which `missing` are expected done (a group not dispatched yet counts as age 0), and no
-    less than the one within which all those the batch must wait for (`barrier`: the strict bound's
-    stragglers) are, less half a group. None: too few latencies observed (then the rate decides)."""
-    if len(est.latencies) < MIN_LATENCIES:
-        return None
-    lats = sorted(est.latencies)
-    pool = list(ages) + [0.0] * max(0, missing - len(ages))
-    return max(_horizon(lats, pool, missing - 0.5), _horizon(lats, barrier, len(barrier) - 0.5))
-
-
 def start_verdict(
     est: Estimates, *, missing: int, ready_tokens: int, resources: int, switch_s: float, rest_s: float | None = None
 ) -> Verdict:
@@ -349,8 +301,8 @@ def lend_verdict(
     step starts exceeds the round trip (return load + switch into training again) plus the re-prefill
     of the requests it will hold when taken back (`held`). The next step starts once its first
     micro-batch is ready (`missing_first` groups away) and the rest of the batch (`missing_all`) will
-    be done while the batch (those and the `ready` ones) trains. `value_share`: what the window's
-    rollout on the lent resource is worth, as a share of a whole resource's (`lend_value_share`)."""
+    be done while the batch (those and the `ready` ones) trains (`first_s`, `rest_s`: read from the
+    groups rolling out; None: the rate's). `value_share`: see `lend_value_share`."""
     first = est.seconds_for(missing_first) if first_s is None else first_s
     rest = est.rest_s(missing_all) if rest_s is None else rest_s
     trip = est.round_trip_s(switch_s)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 
+from scheduler_svc.arrivals import arrival_s
 from scheduler_svc.decisions import (
     Assignment,
     Decision,
@@ -21,7 +22,6 @@ from scheduler_svc.lending import (
     Estimates,
     Reprefill,
     Verdict,
-    arrival_s,
     lend_value_share,
     lend_verdict,
     start_verdict,
@@ -125,8 +125,8 @@ class ReturnPlanner(ABC):
             switch_s=self.settings.switch_estimate_s,
             held=self._reprefill(),
             value_share=self._value_share(),
-            first_s=arrival_s(self.estimates, ages, self.microbatch_groups - ready - fed),
-            rest_s=arrival_s(self.estimates, ages, self.batch_groups - ready - fed, barrier),
+            first_s=arrival_s(self.estimates.latencies, ages, self.microbatch_groups - ready - fed),
+            rest_s=arrival_s(self.estimates.latencies, ages, self.batch_groups - ready - fed, barrier),
         )
 
     def _rolling_out_ages(self) -> tuple[list[float], list[float]]:
@@ -197,7 +197,7 @@ class ReturnPlanner(ABC):
         ages, barrier = self._rolling_out_ages()
         return start_verdict(
             self.estimates,
-            rest_s=arrival_s(self.estimates, ages, self.batch_groups - ready, barrier),
+            rest_s=arrival_s(self.estimates.latencies, ages, self.batch_groups - ready, barrier),
             missing=self.batch_groups - ready,
             ready_tokens=ready_tokens,
             resources=len(trainers),

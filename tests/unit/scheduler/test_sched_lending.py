@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from scheduler_svc.arrivals import arrival_s
 from scheduler_svc.decisions import (
     Assignment,
     LoadWeights,
@@ -22,7 +23,6 @@ from scheduler_svc.lending import (
     LEND_DECLINED,
     Estimates,
     Reprefill,
-    arrival_s,
     lend_value_share,
     lend_verdict,
     observe,
@@ -313,24 +313,25 @@ def test_the_stragglers_rest_is_read_from_the_ages_of_the_groups_rolling_out() -
     ages, are what a fresh group needs: 50 s for even odds. Too few latencies: the rate decides."""
     est = with_latencies(*TEN_TO_HUNDRED)
     assert list(est.latencies) == list(TEN_TO_HUNDRED) and not est.dispatched_at
-    assert arrival_s(est, [55.0], 1) == pytest.approx(25.0, abs=1e-3)
-    assert arrival_s(est, [], 1) == pytest.approx(50.0, abs=1e-3)  # not dispatched yet: age 0
-    assert arrival_s(est, [55.0, 95.0], 0) == 0.0
-    assert arrival_s(with_latencies(10.0, 20.0), [5.0], 1) is None
+    assert arrival_s(est.latencies, [55.0], 1) == pytest.approx(25.0, abs=1e-3)
+    assert arrival_s(est.latencies, [], 1) == pytest.approx(50.0, abs=1e-3)  # not dispatched yet: age 0
+    assert arrival_s(est.latencies, [55.0, 95.0], 0) == 0.0
+    assert arrival_s(with_latencies(10.0, 20.0).latencies, [5.0], 1) is None
 
 
 def test_the_batch_waits_for_its_barrier_of_old_stragglers_whatever_else_is_ready() -> None:
-    """Three groups 5 s into their rollout would give a micro-batch soon, but the strict bound makes
-    the batch wait for the old one 15 s in (it may only train in this step): all groups rolling out
-    for the last one to come in; it is 15 s in, so even odds by 60 s, 45 s from now."""
+    """One more group from four rolling out (three 5 s in, one 15 s in) is expected within 15 s; but
+    when the strict bound makes the batch wait for the old one (this step is the last it may train
+    in), the batch's rest is that group's: one of the nine latencies of 20 s or more, even odds by
+    60 s, 45 s from now."""
     est = with_latencies(*TEN_TO_HUNDRED)
     ages = [5.0, 5.0, 5.0, 15.0]
-    assert arrival_s(est, ages, 1) == pytest.approx(15.0, abs=1e-3)  # three chances in ten each by 20 s
-    assert arrival_s(est, ages, 1, barrier=[15.0]) == pytest.approx(45.0, abs=1e-3)
+    assert arrival_s(est.latencies, ages, 1) == pytest.approx(15.0, abs=1e-3)  # three chances in ten each by 20 s
+    assert arrival_s(est.latencies, ages, 1, barrier=[15.0]) == pytest.approx(45.0, abs=1e-3)
 
 
 def test_a_group_older_than_every_latency_seen_is_due_now() -> None:
-    assert arrival_s(with_latencies(*TEN_TO_HUNDRED), [150.0], 1) == pytest.approx(0.0, abs=1e-3)
+    assert arrival_s(with_latencies(*TEN_TO_HUNDRED).latencies, [150.0], 1) == pytest.approx(0.0, abs=1e-3)
 
 
 def test_the_start_rule_weighs_the_rest_read_from_the_ages() -> None:
