@@ -47,11 +47,12 @@ def arrival_s(
     latencies: Sequence[float], ages: Sequence[float], missing: int, barrier: Sequence[float] = ()
 ) -> float | None:
     """Seconds until `missing` more groups are complete, read from the groups rolling out (`ages`:
-    how long each has) against the observed `latencies` of completed groups (each group's chance to be done within a
-    horizon is the share of the latencies longer than its age that end within it): the horizon
-    within which `missing` are expected done (a group not dispatched yet counts as age 0), and no
-    less than the one within which all those the batch must wait for (`barrier`: the strict bound's
-    stragglers) are, less half a group. None: too few latencies observed (then the rate decides)."""
+    how long each has) against the observed `latencies` of completed groups (a group's chance to be
+    done within a horizon is the share of the latencies longer than its age that end within it): the
+    horizon within which `missing` are expected done (a group not dispatched yet counts as age 0),
+    and no less than the one within which all those the batch must wait for (`barrier`: the strict
+    bound's stragglers) are, less half a group (even odds). None: too few latencies observed (then
+    the rate decides)."""
     if len(latencies) < MIN_LATENCIES:
         return None
     lats = sorted(latencies)
