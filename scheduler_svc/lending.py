@@ -32,9 +32,12 @@ Rules (each decision's numbers go into its `reason`):
   batch is there at the start (span 0) and the step takes them all. (Not the group rate: rollout
   is throttled by the staleness budget while training lags, so a rate would read a train
   bottleneck as a slow rollout and take fewer still.)
-* the stragglers' rest: the groups still missing at the rate, times the tail factor: a step's first
-  partial micro-batch predicts by the rate when its batch's last group arrives, the final one says
-  when it did (the last groups of a long-tailed batch come much slower than the rate);
+* the stragglers' rest: when the missing groups (and, under the strict bound's wait rule, every
+  group the batch must wait for) are expected done, read from the ages of the groups rolling out
+  against the last `LATENCY_WINDOW` latencies (`scheduler_svc.arrivals`: a rate cannot tell a
+  batch's long tail from a fresh start, ages can); before `scheduler_svc.arrivals.MIN_LATENCIES`
+  completions, the rate times the tail factor (a step's first partial micro-batch predicts by the
+  rate when its batch's last group arrives, the final one says when it did);
 * start: a partial batch starts training when ``rest_s <= switch_s + train_s(ready)``: the groups still
   missing will be complete before the ready ones are trained; at once when training is the
   bottleneck (`train_bound`: a batch's training fills most of the step period, every second off it
@@ -93,6 +96,8 @@ LEND_DECLINED = "lend_declined"
 #: below it the trainers have slack to roll out (0.7 misreads rollout-bound math runs as train bound
 #: on the simulator; 0.85 keeps them and the train-bound agentic ones)
 TRAIN_BOUND_SHARE = 0.85
+#: completed groups whose latencies (dispatch to TaskCompleted) the stragglers' rest is read from
+LATENCY_WINDOW = 64
 #: bounds of the tail factor: the last groups of a batch come slower than the rate says (the long
 #: tail), but one odd step must not make every later estimate absurd
 TAIL_BIAS_RANGE = (0.5, 8.0)
@@ -135,6 +140,7 @@ class Estimates:
     dispatched_at: dict[str, float] = field(default_factory=dict)  # group -> its dispatch time, while rolling out
     context_area: float = 0.0  # since the last step's end: sum over completed samples of latency x tokens / 2
     inflight_context: float | None = None  # time-averaged context tokens held by running requests (last period)
+    latencies: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))  # dispatch to completion
 
     def group_done(self, t: float, tokens: int) -> None:
         self.done_times.append(t)
@@ -237,14 +243,18 @@ class Estimates:
             "dispatched_at": dict(sorted(self.dispatched_at.items())),
             "context_area": self.context_area,
             "inflight_context": self.inflight_context,
+            "latencies": tuple(self.latencies),
             "load_started": dict(sorted(self.load_started.items())),
         }
 
 
-def start_verdict(est: Estimates, *, missing: int, ready_tokens: int, resources: int, switch_s: float) -> Verdict:
+def start_verdict(
+    est: Estimates, *, missing: int, ready_tokens: int, resources: int, switch_s: float, rest_s: float | None = None
+) -> Verdict:
     """Start a step on the ready groups now? Pays when the `missing` groups will be complete by the
-    time the ready ones are trained (benefit: the train time that hides the stragglers' rest)."""
-    rest = est.rest_s(missing)
+    time the ready ones are trained (benefit: the train time that hides the stragglers' rest;
+    `rest_s`: read from the groups rolling out, else the rate's)."""
+    rest = est.rest_s(missing) if rest_s is None else rest_s
     train = est.train_s(ready_tokens, resources)
     if rest is None or train is None:
         return Verdict(True, None, None, "start")
@@ -284,15 +294,17 @@ def lend_verdict(
     switch_s: float,
     held: Reprefill | None = None,
     value_share: float = 1.0,
+    first_s: float | None = None,
+    rest_s: float | None = None,
 ) -> Verdict:
     """Lend a free train-capable resource to rollout? Pays when the expected window until the next
     step starts exceeds the round trip (return load + switch into training again) plus the re-prefill
     of the requests it will hold when taken back (`held`). The next step starts once its first
     micro-batch is ready (`missing_first` groups away) and the rest of the batch (`missing_all`) will
-    be done while the batch (those and the `ready` ones) trains. `value_share`: what the window's
-    rollout on the lent resource is worth, as a share of a whole resource's (`lend_value_share`)."""
-    first = est.seconds_for(missing_first)
-    rest = est.rest_s(missing_all)
+    be done while the batch (those and the `ready` ones) trains (`first_s`, `rest_s`: read from the
+    groups rolling out; None: the rate's). `value_share`: see `lend_value_share`."""
+    first = est.seconds_for(missing_first) if first_s is None else first_s
+    rest = est.rest_s(missing_all) if rest_s is None else rest_s
     trip = est.round_trip_s(switch_s)
     speed = None if est.tokens_per_resource_s is None else est.tokens_per_resource_s * resources
     if first is None or rest is None or speed is None or est.group_tokens is None or trip is None:
@@ -365,7 +377,9 @@ def observe(
     step's, read before a TrainStepCompleted clears it; `batch_groups`: B)."""
     if isinstance(record, TaskCompleted):
         est.group_done(now, record.n_tokens)
-        est.dispatched_at.pop(record.group_id, None)
+        started = est.dispatched_at.pop(record.group_id, None)
+        if started is not None:
+            est.latencies.append(now - started)
     elif isinstance(record, TaskDispatched):
         est.dispatched_at[record.group_id] = now
     elif isinstance(record, TaskAborted):

@@ -7,6 +7,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 
+from scheduler_svc.arrivals import arrival_s
 from scheduler_svc.decisions import (
     Assignment,
     Decision,
@@ -27,7 +28,7 @@ from scheduler_svc.lending import (
     train_bound,
 )
 from scheduler_svc.loader import StreamingDataLoader
-from scheduler_svc.policies import TagPolicy
+from scheduler_svc.policies import StragglerRule, TagPolicy
 from scheduler_svc.pool import ResourcePool
 from scheduler_svc.settings import SchedulerSettings
 from scheduler_svc.tags import ACTIVITY, IDLE, OFFLINE, ROLLOUT, TRAIN, WEIGHT_SYNC
@@ -48,6 +49,7 @@ class ReturnPlanner(ABC):
     weight_syncs: WeightSyncLedger
     estimates: Estimates
     held: set[str]
+    now: float
 
     @property
     @abstractmethod
@@ -113,6 +115,7 @@ class ReturnPlanner(ABC):
             return None
         ready = len(self.loader.ready)
         fed = self.train_fed or 0
+        ages, barrier = self._rolling_out_ages()
         return lend_verdict(
             self.estimates,
             missing_first=self.microbatch_groups - ready - fed,
@@ -122,7 +125,25 @@ class ReturnPlanner(ABC):
             switch_s=self.settings.switch_estimate_s,
             held=self._reprefill(),
             value_share=self._value_share(),
+            first_s=arrival_s(self.estimates.latencies, ages, self.microbatch_groups - ready - fed),
+            rest_s=arrival_s(self.estimates.latencies, ages, self.batch_groups - ready - fed, barrier),
         )
+
+    def _rolling_out_ages(self) -> tuple[list[float], list[float]]:
+        """How long each group not fed to a step has been rolling out, and the same for the groups
+        the next step's batch must wait for (strict bound, wait rule: dispatched at or below its
+        last allowed version)."""
+        now = self.now
+        limit = self.version - self.policy.max_staleness
+        waits = self.policy.strict_staleness and self.policy.straggler == StragglerRule.WAIT
+        ages, barrier = [], []
+        for g in self.loader.groups.values():
+            if g.completed or g.assignment_id is not None:
+                continue
+            ages.append(now - g.dispatched_at)
+            if waits and g.policy_version <= limit:
+                barrier.append(now - g.dispatched_at)
+        return ages, barrier
 
     def _value_share(self) -> float:
         """What a lent resource's rollout is worth (`scheduler_svc.lending.lend_value_share`): slot
@@ -173,8 +194,10 @@ class ReturnPlanner(ABC):
             if lend is None or lend.benefit_s is None:
                 return Verdict(True, None, None, "start idle trainers")
             return Verdict(not lend.take, lend.benefit_s, lend.cost_s, "start idle trainers (lend window vs cost)")
+        ages, barrier = self._rolling_out_ages()
         return start_verdict(
             self.estimates,
+            rest_s=arrival_s(self.estimates.latencies, ages, self.batch_groups - ready, barrier),
             missing=self.batch_groups - ready,
             ready_tokens=ready_tokens,
             resources=len(trainers),

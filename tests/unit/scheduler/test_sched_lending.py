@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from scheduler_svc.arrivals import arrival_s
 from scheduler_svc.decisions import (
     Assignment,
     LoadWeights,
@@ -292,3 +293,52 @@ def test_trainers_kept_idle_at_a_step_end_start_the_next_step_at_once(world_fact
     train = [d for d in decisions if isinstance(d, Assignment) and d.task_kind == TRAIN]
     assert [a.resource_ids for a in train] == [("r0",)] and decisions.index(kept[0]) < decisions.index(train[0])
     assert "start idle trainers" in train[0].reason
+
+
+def with_latencies(*latencies: float) -> Estimates:
+    """Estimates whose groups, each dispatched at 0, took these latencies to complete."""
+    est = Estimates()
+    for i, latency in enumerate(latencies):
+        observe(est, TaskDispatched("t", f"l{i}", 4), 0.0, 0, 0)
+        observe(est, TaskCompleted("t", f"l{i}", 4, 0, 10_000), latency, 0, 0)
+    return est
+
+
+TEN_TO_HUNDRED = tuple(10.0 * i for i in range(1, 11))
+
+
+def test_the_stragglers_rest_is_read_from_the_ages_of_the_groups_rolling_out() -> None:
+    """Latencies 10, 20, ..., 100 s observed. A group 55 s into its rollout is one of the five that
+    take 60 to 100 s: it is even odds to be done by 80 s, 25 s from now. The latencies, not the
+    ages, are what a fresh group needs: 50 s for even odds. Too few latencies: the rate decides."""
+    est = with_latencies(*TEN_TO_HUNDRED)
+    assert list(est.latencies) == list(TEN_TO_HUNDRED) and not est.dispatched_at
+    assert arrival_s(est.latencies, [55.0], 1) == pytest.approx(25.0, abs=1e-3)
+    assert arrival_s(est.latencies, [], 1) == pytest.approx(50.0, abs=1e-3)  # not dispatched yet: age 0
+    assert arrival_s(est.latencies, [55.0, 95.0], 0) == 0.0
+    assert arrival_s(with_latencies(10.0, 20.0).latencies, [5.0], 1) is None
+
+
+def test_the_batch_waits_for_its_barrier_of_old_stragglers_whatever_else_is_ready() -> None:
+    """One more group from four rolling out (three 5 s in, one 15 s in) is expected within 15 s; but
+    when the strict bound makes the batch wait for the old one (this step is the last it may train
+    in), the batch's rest is that group's: one of the nine latencies of 20 s or more, even odds by
+    60 s, 45 s from now."""
+    est = with_latencies(*TEN_TO_HUNDRED)
+    ages = [5.0, 5.0, 5.0, 15.0]
+    assert arrival_s(est.latencies, ages, 1) == pytest.approx(15.0, abs=1e-3)  # three chances in ten each by 20 s
+    assert arrival_s(est.latencies, ages, 1, barrier=[15.0]) == pytest.approx(45.0, abs=1e-3)
+
+
+def test_a_group_older_than_every_latency_seen_is_due_now() -> None:
+    assert arrival_s(with_latencies(*TEN_TO_HUNDRED).latencies, [150.0], 1) == pytest.approx(0.0, abs=1e-3)
+
+
+def test_the_start_rule_weighs_the_rest_read_from_the_ages() -> None:
+    """50 s of training on the ready groups hide a straggler 55 s in (25 s left), not a fresh
+    group's 50 s plus the switch when it must come from a group just dispatched."""
+    est = observed(2.0)
+    kw = {"missing": 1, "ready_tokens": 100_000, "resources": 2, "switch_s": 4.0}
+    assert start_verdict(est, rest_s=25.0, **kw).take
+    v = start_verdict(est, rest_s=60.0, **kw)
+    assert not v.take and v.cost_s == pytest.approx(60.0) and v.benefit_s == pytest.approx(54.0)
