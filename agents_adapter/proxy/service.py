@@ -23,7 +23,7 @@ import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from agents_adapter.errors import InvalidParameterError, PromptTooLongError, UnknownModelError
 from agents_adapter.proxy.chat_codec import ChatCodec
@@ -43,7 +43,7 @@ from agents_adapter.proxy.session_book import KeyedLocks, SessionBook
 from agents_adapter.proxy.session_cache import SessionState
 from agents_adapter.proxy.session_store import StoredCall
 from agents_adapter.proxy.stitching import StitchedCall
-from agents_adapter.proxy.tito import DRIFT_CLASSES, BuiltPrompt, TitoBuilder, new_call_id
+from agents_adapter.proxy.tito import DRIFT_CLASSES, BuiltPrompt, TitoBuilder, message_text, new_call_id
 from schemas.events import Event, LLMCall
 
 logger = logging.getLogger(__name__)
@@ -78,6 +78,7 @@ class Served:
 # What finishes a call into the reply its request shape shows, and its token-in/token-out entry.
 _Finish = Callable[[str, StitchedCall], Reply]
 _Entry = Callable[[int, BuiltPrompt, Reply], dict[str, Any]]
+_Built = TypeVar("_Built")
 
 
 class AdapterService:
@@ -118,9 +119,9 @@ class AdapterService:
         messages = [m.for_template() for m in req.messages]
         use_tools = bool(req.tools) and req.tool_choice != "none"
         tools = [t.model_dump(exclude_none=True) for t in req.tools or ()] if use_tools else None
+        size = sum(len(message_text(m.get("content"))) + len(str(m.get("tool_calls") or "")) for m in messages)
         async with self._request(ctx) as state:
-            # templating and tokenization on a worker thread: a 10 MB prompt must not stall every other agent
-            prompt = await asyncio.to_thread(self.tito.chat_prompt, state, messages, tools)
+            prompt = await _built(size, lambda: self.tito.chat_prompt(state, messages, tools))
             max_new = self._budget(len(prompt.ids), req.max_new(), "max_tokens")
             prompts, replies = await self._serve(
                 ctx, state, [prompt] * req.n, [max_new] * req.n, self._sampling(req), req.n, req.model,
@@ -137,7 +138,7 @@ class AdapterService:
         req.check_supported()
         prompts_in = req.prompts()
         async with self._request(ctx) as state:
-            built = await asyncio.to_thread(lambda: [
+            built = await _built(sum(len(p) for p in prompts_in), lambda: [
                 self.tito.text_prompt(state, p) if isinstance(p, str) else self.tito.token_prompt(state, p)
                 for p in prompts_in
             ])
@@ -312,13 +313,13 @@ class AdapterService:
         state.drift_calls += drifted
         async with self.book.publishing(state.session_id, key):
             try:
-                self.book.store.begin_calls(state, key, events,
-                                            [None] * (len(events) - len(replies)) + list(entries))
+                encoded = self.book.store.begin_calls(state, key, events,
+                                                      [None] * (len(events) - len(replies)) + list(entries))
             except BaseException:
                 self._unserved(state, first_turn, len(replies), drifted)
                 raise
             try:
-                await self.recorder.record(events)
+                await self.recorder.record(events, encoded)
             except BaseException:
                 self._unserved(state, first_turn, len(replies), drifted)
                 self.book.store.abandon_calls(state, key)
@@ -375,6 +376,18 @@ class AdapterService:
             "routing": self.routing.snapshot(),
             "routing_events_applied": self.routing.events_applied,
         }
+
+
+#: Prompts up to this many characters are templated and tokenized on the event loop: a worker thread's round
+#: trip (two thread switches, the loop woken through its pipe) costs more CPU than they do. Longer ones go
+#: to a worker thread: a 10 MB prompt must not stall every other agent.
+_BUILD_INLINE_CHARS = 16 * 1024
+
+
+async def _built(size: int, build: Callable[[], _Built]) -> _Built:
+    """`build()`, on the event loop for a prompt of `size` characters up to `_BUILD_INLINE_CHARS`, else on a
+    worker thread."""
+    return build() if size <= _BUILD_INLINE_CHARS else await asyncio.to_thread(build)
 
 
 def _by_agent(counts: Counter[tuple[str, str]]) -> dict[str, dict[str, int]]:
