@@ -98,10 +98,9 @@ class Recorder:
         self.awaiting += len(events)
         values = encoded if encoded is not None else [None] * len(events)
         try:
-            await asyncio.wait_for(
-                asyncio.gather(*(self.producer.publish_async(e, value=v) for e, v in zip(events, values, strict=True))),
-                self.ack_timeout_s,
-            )
+            async with asyncio.timeout(self.ack_timeout_s):
+                await asyncio.gather(*(self.producer.publish_async(e, value=v)
+                                       for e, v in zip(events, values, strict=True)))
         except (BusError, TimeoutError) as e:
             self.failed += len(events)
             kinds = ", ".join(sorted({e.event_type for e in events}))

@@ -43,7 +43,7 @@ from agents_adapter.proxy.session_book import KeyedLocks, SessionBook
 from agents_adapter.proxy.session_cache import SessionState
 from agents_adapter.proxy.session_store import StoredCall
 from agents_adapter.proxy.stitching import StitchedCall
-from agents_adapter.proxy.tito import DRIFT_CLASSES, BuiltPrompt, TitoBuilder, message_text, new_call_id
+from agents_adapter.proxy.tito import DRIFT_CLASSES, BuiltPrompt, TitoBuilder, new_call_id
 from schemas.events import Event, LLMCall
 
 logger = logging.getLogger(__name__)
@@ -59,6 +59,7 @@ class CallContext:
     group_id: str = ""
     metadata: dict[str, str] = field(default_factory=dict)
     request_key: str = ""  # the client's Idempotency-Key ('' = none: the request is not deduplicated)
+    body_bytes: int = 0  # the request body's size: a bound on what its prompt costs to build
     request_ms: int = field(default_factory=now_ms)
     started: float = field(default_factory=time.monotonic)
 
@@ -119,9 +120,8 @@ class AdapterService:
         messages = [m.for_template() for m in req.messages]
         use_tools = bool(req.tools) and req.tool_choice != "none"
         tools = [t.model_dump(exclude_none=True) for t in req.tools or ()] if use_tools else None
-        size = sum(len(message_text(m.get("content"))) + len(str(m.get("tool_calls") or "")) for m in messages)
         async with self._request(ctx) as state:
-            prompt = await _built(size, lambda: self.tito.chat_prompt(state, messages, tools))
+            prompt = await _built(ctx.body_bytes, lambda: self.tito.chat_prompt(state, messages, tools))
             max_new = self._budget(len(prompt.ids), req.max_new(), "max_tokens")
             prompts, replies = await self._serve(
                 ctx, state, [prompt] * req.n, [max_new] * req.n, self._sampling(req), req.n, req.model,
@@ -138,7 +138,7 @@ class AdapterService:
         req.check_supported()
         prompts_in = req.prompts()
         async with self._request(ctx) as state:
-            built = await _built(sum(len(p) for p in prompts_in), lambda: [
+            built = await _built(ctx.body_bytes, lambda: [
                 self.tito.text_prompt(state, p) if isinstance(p, str) else self.tito.token_prompt(state, p)
                 for p in prompts_in
             ])
@@ -378,16 +378,16 @@ class AdapterService:
         }
 
 
-#: Prompts up to this many characters are templated and tokenized on the event loop: a worker thread's round
-#: trip (two thread switches, the loop woken through its pipe) costs more CPU than they do. Longer ones go
-#: to a worker thread: a 10 MB prompt must not stall every other agent.
-_BUILD_INLINE_CHARS = 16 * 1024
+#: Prompts of request bodies up to this size are templated and tokenized on the event loop: a worker thread's
+#: round trip (two thread switches, the loop woken through its pipe) costs more CPU than they do. Larger
+#: ones go to a worker thread: a 10 MB prompt must not stall every other agent. A translated request (Responses,
+#: Messages) has its body's size; a context without one (0) is built on the loop.
+_BUILD_INLINE_BYTES = 16 * 1024
 
 
-async def _built(size: int, build: Callable[[], _Built]) -> _Built:
-    """`build()`, on the event loop for a prompt of `size` characters up to `_BUILD_INLINE_CHARS`, else on a
-    worker thread."""
-    return build() if size <= _BUILD_INLINE_CHARS else await asyncio.to_thread(build)
+async def _built(body_bytes: int, build: Callable[[], _Built]) -> _Built:
+    """`build()`, on the event loop for a body up to `_BUILD_INLINE_BYTES`, else on a worker thread."""
+    return build() if body_bytes <= _BUILD_INLINE_BYTES else await asyncio.to_thread(build)
 
 
 def _by_agent(counts: Counter[tuple[str, str]]) -> dict[str, dict[str, int]]:

@@ -27,6 +27,16 @@ class CachedCall:
     full_text: str = ""
 
 
+@dataclass(frozen=True)
+class ChatChain:
+    """The message-prefix hashes of a session's last chat request (`tito._chain`), to reuse on its next one:
+    `plain` holds (role, content, name) of its leading text-only messages, whose hashes `digests` starts with."""
+
+    seed: bytes
+    plain: tuple[tuple[str, str, str | None], ...]
+    digests: tuple[bytes, ...]
+
+
 @dataclass
 class SessionState:
     """One agent session: who owns it, its lifecycle, and the served calls kept for token-in/token-out."""
@@ -45,6 +55,7 @@ class SessionState:
     chat_calls: OrderedDict[bytes, CachedCall] = field(default_factory=OrderedDict)
     text_calls: OrderedDict[str, CachedCall] = field(default_factory=OrderedDict)
     token_calls: OrderedDict[str, CachedCall] = field(default_factory=OrderedDict)
+    chat_chain: ChatChain | None = None
     last_used: float = 0.0
 
 
