@@ -207,9 +207,9 @@ class AdapterService:
         on_engines = time.monotonic() - dispatched
         replies = [finish(call_id, call) for call_id, call in calls]
         entries = [entry(i, p, r) for i, (p, r) in enumerate(zip(prompts, replies, strict=True))]
-        await self._record(ctx, state, prompts, replies, model, entries)
-        for prompt, reply, kept in zip(prompts, replies, entries, strict=True):
-            self.tito.restore(state, kept, reply.call_id, prompt.ids, reply.call.output_ids)
+        recorded = await self._record(ctx, state, prompts, replies, model, entries)
+        for call, kept in zip(recorded, entries, strict=True):  # the events' packed ids: no list to convert again
+            self.tito.restore(state, kept, call.call_id, call.prompt_ids, call.output_ids)
         self.observe_added_latency(time.monotonic() - ctx.started - on_engines)
         return list(prompts), replies
 
@@ -291,22 +291,24 @@ class AdapterService:
         return [(call_id, task.result()) for call_id, task in zip(call_ids, tasks, strict=True)]
 
     async def _record(self, ctx: CallContext, state: SessionState, prompts: Sequence[BuiltPrompt],
-                      replies: list[Reply], model: str, entries: Sequence[dict[str, Any]]) -> None:
+                      replies: list[Reply], model: str, entries: Sequence[dict[str, Any]]) -> list[LLMCall]:
         """Stores the calls (and SessionStarted once), publishes them and waits for Kafka; only then are
-        they served. The store counts them first: a crash before the acknowledgement leaves them to be
-        published again (see `session_store`), never a `num_calls` lower than the log."""
+        they served (returned: the replies' LLMCall events). The store counts them first: a crash before
+        the acknowledgement leaves them to be published again (see `session_store`), never a `num_calls`
+        lower than the log."""
         producer = self.config.instance_id
         first_turn = state.next_turn
         state.next_turn += len(replies)
         completed = now_ms()
-        events: list[Event] = [] if state.started_recorded else [session_started(state, producer)]
+        calls: list[LLMCall] = []
         for i, (prompt, reply) in enumerate(zip(prompts, replies, strict=True)):
             reply.turn = first_turn + i
-            events.append(llm_call(
+            calls.append(llm_call(
                 call_id=reply.call_id, state=state, model=model, turn=reply.turn, call=reply.call,
                 request_ms=ctx.request_ms, completed_ms=completed, drift=prompt.drift,
                 parent_call_id=prompt.parent_call_id, producer=producer,
             ))
+        events: list[Event] = [*([] if state.started_recorded else [session_started(state, producer)]), *calls]
         drifted = sum(1 for p in prompts if p.drift)
         key = ctx.request_key or f"auto-{uuid.uuid4().hex}"
         state.calls_served += len(replies)
@@ -330,6 +332,7 @@ class AdapterService:
         self.calls_by_agent[ctx.agent_id] += len(replies)
         self.drift_classes.update((ctx.agent_id, p.drift_class) for p in prompts if p.drift_class)
         self.calls_served += len(replies)
+        return calls
 
     @staticmethod
     def _unserved(state: SessionState, first_turn: int, calls: int, drifted: int) -> None:

@@ -202,7 +202,8 @@ class TitoBuilder:
                 output_ids: Sequence[int]) -> None:
         """Keeps a served call under `entry` ({"kind": chat|text|tokens, ...}: what `remember_*` derive, and
         what the durable session store keeps so that a session's cache survives a proxy restart)."""
-        ids = np.asarray([*prompt_ids, *output_ids], dtype=np.int32)
+        # packed ids (an event's) are read in place, not converted number by number
+        ids = np.concatenate((np.asarray(prompt_ids, dtype=np.int32), np.asarray(output_ids, dtype=np.int32)))
         kind = entry["kind"]
         if kind == "chat":
             self._keep(state.chat_calls, bytes.fromhex(entry["key"]),
