@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -30,10 +31,10 @@ class CachedCall:
 @dataclass(frozen=True)
 class ChatChain:
     """The message-prefix hashes of a session's last chat request (`tito._chain`), to reuse on its next one:
-    `plain` holds (role, content, name) of its leading text-only messages, whose hashes `digests` starts with."""
+    `plain` holds its leading text-only messages (as templated), whose hashes `digests` holds."""
 
     seed: bytes
-    plain: tuple[tuple[str, str, str | None], ...]
+    plain: tuple[Mapping[str, Any], ...]
     digests: tuple[bytes, ...]
 
 

@@ -94,40 +94,36 @@ _json_string: Callable[[str], str] = (getattr(json.encoder, "c_encode_basestring
                                       or json.encoder.encode_basestring)
 
 
-def _plain(message: Message) -> tuple[str, str, str | None] | None:
-    """(role, content, name) of a message whose canonical form only these make (text content, no tool
-    calls): two such messages with equal fields have the same form. None for any other message (tool
-    arguments compare 1 == 1.0 as Python values, not as the JSON they are written as)."""
+def _plain(message: Message) -> bool:
+    """Whether only role, text and name make the message's canonical form (text content, no tool calls): an
+    equal message (`==`) then has the same form. Tool arguments compare 1 == 1.0 as Python values, not as
+    the JSON they are written as: a message with tool calls is not plain."""
     role, content, name = message.get("role"), message.get("content"), message.get("name")
-    if type(role) is str and type(content) is str and (name is None or type(name) is str) \
-            and not message.get("tool_calls"):
-        return role, content, name
-    return None
+    return type(role) is str and type(content) is str and (name is None or type(name) is str) \
+        and not message.get("tool_calls")
 
 
 def _chain(seed: bytes, messages: Sequence[Message],
            previous: ChatChain | None = None) -> tuple[list[bytes], ChatChain]:
     """Hash of every prefix of `messages` (index i: messages[: i + 1]) under `seed` (the tools), and what
-    the next request can reuse. The hashes of the leading messages equal to `previous`'s (the session's last
-    request: an agent sends its conversation again with new turns at the end) are taken from it."""
-    plain: list[tuple[str, str, str | None]] = []
-    for message in messages:
-        fields = _plain(message)
-        if fields is None:
-            break
-        plain.append(fields)
+    the next request can reuse. The hashes of the leading messages equal to `previous`'s plain ones (the
+    session's last request: an agent sends its conversation again with new turns at the end) are taken
+    from it."""
     reused = 0
     if previous is not None and previous.seed == seed:
-        for old, new in zip(previous.plain, plain, strict=False):
+        for old, new in zip(previous.plain, messages, strict=False):
             if old != new:
                 break
             reused += 1
+    plain_end = reused
+    while plain_end < len(messages) and _plain(messages[plain_end]):
+        plain_end += 1
     out = list(previous.digests[:reused]) if previous is not None and reused else []
     digest = out[-1] if out else hashlib.blake2b(seed, digest_size=16).digest()
     for message in messages[reused:]:
         digest = hashlib.blake2b(digest + canonical_message(message), digest_size=16).digest()
         out.append(digest)
-    return out, ChatChain(seed, tuple(plain), tuple(out[: len(plain)]))
+    return out, ChatChain(seed, tuple(messages[:plain_end]), tuple(out[:plain_end]))
 
 
 def tools_seed(tools: Sequence[Mapping[str, Any]] | None) -> bytes:
