@@ -99,13 +99,18 @@ class EventProducer:
         event: Event,
         on_delivery: DeliveryCallback | None = None,
         topic: str | None = None,
+        value: bytes | None = None,
     ) -> Event:
-        """Queues an event; the callback (or `flush`) learns whether Kafka stored it."""
-        event = self._stamp(event)
-        try:
-            value = encode_event(event)
-        except SchemaError as e:
-            raise PublishError(f"{event.event_type} cannot be encoded: {e}") from e
+        """Queues an event; the callback (or `flush`) learns whether Kafka stored it. `value`: the event's
+        encoding where the caller made it already (a store that keeps events before publishing them); it
+        is used only for an event that names its producer (one this producer stamps is encoded again)."""
+        stamped = self._stamp(event)
+        if value is None or stamped is not event:
+            try:
+                value = encode_event(stamped)
+            except SchemaError as e:
+                raise PublishError(f"{stamped.event_type} cannot be encoded: {e}") from e
+        event = stamped
         name = topic or self.config.topic(topic_of(type(event)).name)
         self.publish_raw(name, event.key.encode(), value, on_delivery)
         return event
@@ -149,7 +154,7 @@ class EventProducer:
             raise outcome
         return outcome
 
-    async def publish_async(self, event: Event, topic: str | None = None) -> Delivered:
+    async def publish_async(self, event: Event, topic: str | None = None, value: bytes | None = None) -> Delivered:
         """Publishes from asyncio code; resolves when Kafka acknowledged the event."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Delivered] = loop.create_future()
@@ -165,7 +170,7 @@ class EventProducer:
 
             loop.call_soon_threadsafe(settle)
 
-        self.publish(event, on_delivery, topic=topic)
+        self.publish(event, on_delivery, topic=topic, value=value)
         return await future
 
     def flush(self, timeout_s: float = 60.0) -> None:

@@ -12,6 +12,7 @@ requests' answers) in SQLite so that they survive a restart of the proxy (`agent
 from __future__ import annotations
 
 import argparse
+import gc
 from typing import Any
 
 from agents_adapter.errors import ConfigError
@@ -53,8 +54,18 @@ def main(argv: list[str] | None = None) -> None:
 
     from agents_adapter.proxy.app import create_app
 
-    uvicorn.run(create_app(config), host=config.host, port=config.port, log_level=config.log_level,
-                timeout_keep_alive=30)
+    app = create_app(config)
+    quiet_collector()
+    uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level, timeout_keep_alive=30)
+
+
+def quiet_collector() -> None:
+    """Moves what start-up built (modules, the tokenizer, the template, the validators: most of the process's
+    objects) out of the cyclic garbage collector's reach: its passes over them were ~13% of the proxy's CPU
+    per call (perf, bench/adapter_bench.py), for objects that live as long as the process. A call's own
+    garbage is collected as before."""
+    gc.collect()
+    gc.freeze()
 
 
 if __name__ == "__main__":

@@ -189,9 +189,9 @@ def _server(service: AdapterService, gate: RequestGate) -> _Served:
         """Parses and serves a call; `hints` gives the body's session hint and metadata."""
         agent = gate.agent_of(request)
         with gate.admitted(agent):
-            req = await gate.parse_body(request, model)
+            req, size = await gate.parse_sized_body(request, model)
             user, metadata = hints(agent, req)
-            return req, await _counted(service, run(call_context(request, agent, user, metadata), req))
+            return req, await _counted(service, run(call_context(request, agent, user, metadata, size), req))
 
     return served
 

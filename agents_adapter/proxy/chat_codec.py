@@ -43,7 +43,9 @@ _PROBE_CALL: Final = {
     "type": "function",
     "function": {"name": "probe_tool", "arguments": '{"x": "1"}'},
 }
-
+#: Texts up to this length are tokenized with the GIL held (`encode`): less CPU than handing them to the
+#: tokenizer's thread pool, and too short to hold other threads back.
+_ENCODE_INLINE_CHARS = 4096
 
 
 @dataclass(frozen=True)
@@ -107,6 +109,9 @@ class ChatCodec:
         return str(text)
 
     def encode(self, text: str) -> list[int]:
+        if self._backend is not None and len(text) <= _ENCODE_INLINE_CHARS:
+            # a short text: `encode` on this thread; encode_batch would wake its thread pool (rayon) for it
+            return list(self._backend.encode(text, add_special_tokens=False).ids)
         if self._backend is not None:  # encode_batch releases the GIL (encode does not): other threads run
             return list(self._backend.encode_batch([text], add_special_tokens=False)[0].ids)
         return list(self.tokenizer.encode(text, add_special_tokens=False))

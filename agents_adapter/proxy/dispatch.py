@@ -152,11 +152,13 @@ class Dispatcher:
         rid = f"{call_id}-{len(stitched.segments)}"
         client = self.client(lease.endpoint)
         started = now_ms()
+        remaining = deadline - time.monotonic()
         try:
-            response = await asyncio.wait_for(
-                client.generate(stitched.next_input_ids(), sampling.params(stitched.remaining), rid=rid),
-                timeout=max(0.0, deadline - time.monotonic()),
-            )
+            if remaining <= 0:
+                raise TimeoutError
+            async with asyncio.timeout(remaining):  # not wait_for: no second task per engine request
+                response = await client.generate(stitched.next_input_ids(), sampling.params(stitched.remaining),
+                                                 rid=rid)
         except TimeoutError as e:
             self._abort_later(client, rid)
             raise LongRequestTimeoutError(

@@ -104,7 +104,8 @@ def _printable(name: str, value: str) -> str:
     return value
 
 
-def call_context(request: Request, agent_id: str, user: str | None, metadata: dict[str, str] | None) -> CallContext:
+def call_context(request: Request, agent_id: str, user: str | None, metadata: dict[str, str] | None,
+                 body_bytes: int = 0) -> CallContext:
     """Session id: header `X-Session-Id`, else the body's `user`, else a fresh `anon-...` id (a one-call
     session); task and group: headers `X-Task-Id` / `X-Group-Id`, else `metadata.task_id` / `group_id`;
     the client's `Idempotency-Key` (the SDK sends one per call, the same on each retry of it)."""
@@ -119,6 +120,7 @@ def call_context(request: Request, agent_id: str, user: str | None, metadata: di
         group_id=request.headers.get("x-group-id") or meta.get("group_id", ""),
         metadata=meta,
         request_key=_printable("Idempotency-Key", key) if key else "",
+        body_bytes=body_bytes,
     )
 
 
@@ -161,8 +163,12 @@ class RequestGate:
                 del inflight[agent]
 
     async def parse_body(self, request: Request, model: type[_M]) -> _M:
+        return (await self.parse_sized_body(request, model))[0]
+
+    async def parse_sized_body(self, request: Request, model: type[_M]) -> tuple[_M, int]:
+        """The body as `model`, and its size in bytes (what decides whether its prompt is built off the loop)."""
         raw = await read_body(request, self.config.max_body_bytes)
         depth = self.config.max_json_depth
         if len(raw) <= _PARSE_INLINE_BYTES:
-            return validate_body(raw, model, depth, self.limits)
-        return await asyncio.to_thread(validate_body, raw, model, depth, self.limits)
+            return validate_body(raw, model, depth, self.limits), len(raw)
+        return await asyncio.to_thread(validate_body, raw, model, depth, self.limits), len(raw)

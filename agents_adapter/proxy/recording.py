@@ -92,13 +92,15 @@ class Recorder:
         self.failed = 0
         self.awaiting = 0  # events published and not acknowledged yet
 
-    async def record(self, events: Sequence[Event]) -> None:
-        """Returns once Kafka stored all `events`; raises `RecordingError` (503) otherwise."""
+    async def record(self, events: Sequence[Event], encoded: Sequence[bytes] | None = None) -> None:
+        """Returns once Kafka stored all `events` (`encoded`: their encoding, when the caller has it);
+        raises `RecordingError` (503) otherwise."""
         self.awaiting += len(events)
+        values = encoded if encoded is not None else [None] * len(events)
         try:
-            await asyncio.wait_for(
-                asyncio.gather(*(self.producer.publish_async(e) for e in events)), self.ack_timeout_s
-            )
+            async with asyncio.timeout(self.ack_timeout_s):
+                await asyncio.gather(*(self.producer.publish_async(e, value=v)
+                                       for e, v in zip(events, values, strict=True)))
         except (BusError, TimeoutError) as e:
             self.failed += len(events)
             kinds = ", ".join(sorted({e.event_type for e in events}))

@@ -23,7 +23,7 @@ import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from agents_adapter.errors import InvalidParameterError, PromptTooLongError, UnknownModelError
 from agents_adapter.proxy.chat_codec import ChatCodec
@@ -59,6 +59,7 @@ class CallContext:
     group_id: str = ""
     metadata: dict[str, str] = field(default_factory=dict)
     request_key: str = ""  # the client's Idempotency-Key ('' = none: the request is not deduplicated)
+    body_bytes: int = 0  # the request body's size: a bound on what its prompt costs to build
     request_ms: int = field(default_factory=now_ms)
     started: float = field(default_factory=time.monotonic)
 
@@ -78,6 +79,7 @@ class Served:
 # What finishes a call into the reply its request shape shows, and its token-in/token-out entry.
 _Finish = Callable[[str, StitchedCall], Reply]
 _Entry = Callable[[int, BuiltPrompt, Reply], dict[str, Any]]
+_Built = TypeVar("_Built")
 
 
 class AdapterService:
@@ -119,8 +121,7 @@ class AdapterService:
         use_tools = bool(req.tools) and req.tool_choice != "none"
         tools = [t.model_dump(exclude_none=True) for t in req.tools or ()] if use_tools else None
         async with self._request(ctx) as state:
-            # templating and tokenization on a worker thread: a 10 MB prompt must not stall every other agent
-            prompt = await asyncio.to_thread(self.tito.chat_prompt, state, messages, tools)
+            prompt = await _built(ctx.body_bytes, lambda: self.tito.chat_prompt(state, messages, tools))
             max_new = self._budget(len(prompt.ids), req.max_new(), "max_tokens")
             prompts, replies = await self._serve(
                 ctx, state, [prompt] * req.n, [max_new] * req.n, self._sampling(req), req.n, req.model,
@@ -137,7 +138,7 @@ class AdapterService:
         req.check_supported()
         prompts_in = req.prompts()
         async with self._request(ctx) as state:
-            built = await asyncio.to_thread(lambda: [
+            built = await _built(ctx.body_bytes, lambda: [
                 self.tito.text_prompt(state, p) if isinstance(p, str) else self.tito.token_prompt(state, p)
                 for p in prompts_in
             ])
@@ -206,9 +207,9 @@ class AdapterService:
         on_engines = time.monotonic() - dispatched
         replies = [finish(call_id, call) for call_id, call in calls]
         entries = [entry(i, p, r) for i, (p, r) in enumerate(zip(prompts, replies, strict=True))]
-        await self._record(ctx, state, prompts, replies, model, entries)
-        for prompt, reply, kept in zip(prompts, replies, entries, strict=True):
-            self.tito.restore(state, kept, reply.call_id, prompt.ids, reply.call.output_ids)
+        recorded = await self._record(ctx, state, prompts, replies, model, entries)
+        for call, kept in zip(recorded, entries, strict=True):  # the events' packed ids: no list to convert again
+            self.tito.restore(state, kept, call.call_id, call.prompt_ids, call.output_ids)
         self.observe_added_latency(time.monotonic() - ctx.started - on_engines)
         return list(prompts), replies
 
@@ -290,35 +291,37 @@ class AdapterService:
         return [(call_id, task.result()) for call_id, task in zip(call_ids, tasks, strict=True)]
 
     async def _record(self, ctx: CallContext, state: SessionState, prompts: Sequence[BuiltPrompt],
-                      replies: list[Reply], model: str, entries: Sequence[dict[str, Any]]) -> None:
+                      replies: list[Reply], model: str, entries: Sequence[dict[str, Any]]) -> list[LLMCall]:
         """Stores the calls (and SessionStarted once), publishes them and waits for Kafka; only then are
-        they served. The store counts them first: a crash before the acknowledgement leaves them to be
-        published again (see `session_store`), never a `num_calls` lower than the log."""
+        they served (returned: the replies' LLMCall events). The store counts them first: a crash before
+        the acknowledgement leaves them to be published again (see `session_store`), never a `num_calls`
+        lower than the log."""
         producer = self.config.instance_id
         first_turn = state.next_turn
         state.next_turn += len(replies)
         completed = now_ms()
-        events: list[Event] = [] if state.started_recorded else [session_started(state, producer)]
+        calls: list[LLMCall] = []
         for i, (prompt, reply) in enumerate(zip(prompts, replies, strict=True)):
             reply.turn = first_turn + i
-            events.append(llm_call(
+            calls.append(llm_call(
                 call_id=reply.call_id, state=state, model=model, turn=reply.turn, call=reply.call,
                 request_ms=ctx.request_ms, completed_ms=completed, drift=prompt.drift,
                 parent_call_id=prompt.parent_call_id, producer=producer,
             ))
+        events: list[Event] = [*([] if state.started_recorded else [session_started(state, producer)]), *calls]
         drifted = sum(1 for p in prompts if p.drift)
         key = ctx.request_key or f"auto-{uuid.uuid4().hex}"
         state.calls_served += len(replies)
         state.drift_calls += drifted
         async with self.book.publishing(state.session_id, key):
             try:
-                self.book.store.begin_calls(state, key, events,
-                                            [None] * (len(events) - len(replies)) + list(entries))
+                encoded = self.book.store.begin_calls(state, key, events,
+                                                      [None] * (len(events) - len(replies)) + list(entries))
             except BaseException:
                 self._unserved(state, first_turn, len(replies), drifted)
                 raise
             try:
-                await self.recorder.record(events)
+                await self.recorder.record(events, encoded)
             except BaseException:
                 self._unserved(state, first_turn, len(replies), drifted)
                 self.book.store.abandon_calls(state, key)
@@ -329,6 +332,7 @@ class AdapterService:
         self.calls_by_agent[ctx.agent_id] += len(replies)
         self.drift_classes.update((ctx.agent_id, p.drift_class) for p in prompts if p.drift_class)
         self.calls_served += len(replies)
+        return calls
 
     @staticmethod
     def _unserved(state: SessionState, first_turn: int, calls: int, drifted: int) -> None:
@@ -375,6 +379,18 @@ class AdapterService:
             "routing": self.routing.snapshot(),
             "routing_events_applied": self.routing.events_applied,
         }
+
+
+#: Prompts of request bodies up to this size are templated and tokenized on the event loop: a worker thread's
+#: round trip (two thread switches, the loop woken through its pipe) costs more CPU than they do. Larger
+#: ones go to a worker thread: a 10 MB prompt must not stall every other agent. A translated request (Responses,
+#: Messages) has its body's size; a context without one (0) is built on the loop.
+_BUILD_INLINE_BYTES = 16 * 1024
+
+
+async def _built(body_bytes: int, build: Callable[[], _Built]) -> _Built:
+    """`build()`, on the event loop for a body up to `_BUILD_INLINE_BYTES`, else on a worker thread."""
+    return build() if body_bytes <= _BUILD_INLINE_BYTES else await asyncio.to_thread(build)
 
 
 def _by_agent(counts: Counter[tuple[str, str]]) -> dict[str, dict[str, int]]:

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -25,6 +26,16 @@ class CachedCall:
     glue: str = ""  # chat: what closes the reply before the next messages
     prompt_text: str = ""  # text completions: the prompt and prompt + served text
     full_text: str = ""
+
+
+@dataclass(frozen=True)
+class ChatChain:
+    """The message-prefix hashes of a session's last chat request (`tito._chain`), to reuse on its next one:
+    `plain` holds its leading text-only messages (as templated), whose hashes `digests` holds."""
+
+    seed: bytes
+    plain: tuple[Mapping[str, Any], ...]
+    digests: tuple[bytes, ...]
 
 
 @dataclass
@@ -45,6 +56,7 @@ class SessionState:
     chat_calls: OrderedDict[bytes, CachedCall] = field(default_factory=OrderedDict)
     text_calls: OrderedDict[str, CachedCall] = field(default_factory=OrderedDict)
     token_calls: OrderedDict[str, CachedCall] = field(default_factory=OrderedDict)
+    chat_chain: ChatChain | None = None
     last_used: float = 0.0
 
 

@@ -20,6 +20,11 @@ forgets (LRU, TTL, a restart) is kept here, and the cache is only a cache of it:
   the same answer and publishes nothing; a close interrupted by a crash (no answer yet) is finished
   when the proxy is back.
 
+A request's acknowledgement is noted in memory and written with the store's next transaction (a later
+call's, any read's, the sweep's `flush`, `close`): one transaction per served call, not two. A crash
+before that write leaves the request un-acked, the state a crash between Kafka's acknowledgement and the
+store's note always could leave, and the restarted proxy reads the log to publish only what it lacks.
+
 Durability: WAL with synchronous=NORMAL survives the process being killed (the OS holds the pages),
 not a power loss; the proxy's own crash is the failure it is for. Rows of sessions idle longer than
 `session_ttl_s` are pruned. `session_store_path=None` keeps the store in memory: sessions then
@@ -95,21 +100,47 @@ class SessionStore:
             self._db.executescript(_SCHEMA)
         except (OSError, sqlite3.Error) as e:
             raise ConfigError(f"session_store_path={str(path)!r} cannot be opened as a SQLite store: {e}") from e
+        # acknowledged requests not written yet: (session, request key) -> (the session, calls to keep)
+        self._acks: dict[tuple[str, str], tuple[SessionState, int]] = {}
 
     @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
+    def _write(self, writes: SessionState | None = None) -> Iterator[sqlite3.Connection]:
+        """A transaction that first writes the pending acknowledgements (`writes`: the session the
+        transaction upserts itself, not upserted twice)."""
         try:
             self._db.execute("BEGIN IMMEDIATE")
             try:
+                self._write_acks(writes)
                 yield self._db
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
             self._db.execute("COMMIT")
+            self._acks.clear()
         except sqlite3.Error as e:
             raise ServiceUnavailableError(f"the session store failed: {e}; the request was not served") from e
 
+    def _write_acks(self, writes: SessionState | None) -> None:
+        for (session_id, request_key), (state, keep) in self._acks.items():
+            if state is not writes:
+                _upsert(self._db, state)
+            self._db.execute("UPDATE calls SET acked = 1 WHERE session_id = ? AND request_key = ?",
+                             (session_id, request_key))
+            self._db.execute("DELETE FROM calls WHERE session_id = ? AND acked = 1 AND rowid NOT IN "
+                             "(SELECT rowid FROM calls WHERE session_id = ? ORDER BY rowid DESC LIMIT ?)",
+                             (session_id, session_id, keep))
+
+    def flush(self) -> None:
+        """Writes the pending acknowledgements now (the sweep's: a proxy idle after its last call)."""
+        if self._acks:
+            with self._write():
+                pass
+
     def _read(self, sql: str, *args: Any) -> list[tuple[Any, ...]]:
+        self.flush()
+        return self._read_as_written(sql, *args)
+
+    def _read_as_written(self, sql: str, *args: Any) -> list[tuple[Any, ...]]:
         try:
             return self._db.execute(sql, args).fetchall()
         except sqlite3.Error as e:
@@ -149,26 +180,24 @@ class SessionStore:
     # ----- calls
 
     def begin_calls(self, state: SessionState, request_key: str, events: Sequence[Event],
-                    titos: Sequence[dict[str, Any] | None]) -> None:
-        """The request's events (before Kafka has them) and the counters that already count them."""
-        with self._write() as db:
+                    titos: Sequence[dict[str, Any] | None]) -> list[bytes]:
+        """The request's events (before Kafka has them) and the counters that already count them; returns
+        the events as stored, their encoding (what the producer can publish without encoding them again)."""
+        encoded = [encode_event(e) for e in events]
+        with self._write(state) as db:
             _upsert(db, state)
             db.executemany(
                 "INSERT OR REPLACE INTO calls VALUES (?, ?, ?, ?, 0, ?)",
-                [(state.session_id, request_key, i, encode_event(e), None if t is None else json.dumps(t))
-                 for i, (e, t) in enumerate(zip(events, titos, strict=True))],
+                [(state.session_id, request_key, i, value, None if t is None else json.dumps(t))
+                 for i, (value, t) in enumerate(zip(encoded, titos, strict=True))],
             )
+        return encoded
 
     def acked(self, state: SessionState, request_key: str, keep: int) -> None:
         """Kafka stored the request's events (`state` as it is after that); of the session's acknowledged
-        events only the last `keep` stay (what its prompt cache holds; a retry comes before later calls)."""
-        with self._write() as db:
-            _upsert(db, state)
-            db.execute("UPDATE calls SET acked = 1 WHERE session_id = ? AND request_key = ?",
-                       (state.session_id, request_key))
-            db.execute("DELETE FROM calls WHERE session_id = ? AND acked = 1 AND rowid NOT IN "
-                       "(SELECT rowid FROM calls WHERE session_id = ? ORDER BY rowid DESC LIMIT ?)",
-                       (state.session_id, state.session_id, keep))
+        events only the last `keep` stay (what its prompt cache holds; a retry comes before later calls).
+        Written with the next transaction (module doc)."""
+        self._acks[(state.session_id, request_key)] = (state, keep)
 
     def abandon_calls(self, state: SessionState, request_key: str) -> None:
         """Kafka refused the request's events: they were not served (counters rolled back in `state`)."""
@@ -177,8 +206,12 @@ class SessionStore:
             db.execute("DELETE FROM calls WHERE session_id = ? AND request_key = ?", (state.session_id, request_key))
 
     def calls(self, session_id: str, request_key: str) -> list[StoredCall]:
-        rows = self._read("SELECT request_key, event, acked, tito FROM calls WHERE session_id = ? AND request_key = ?"
-                          " ORDER BY seq", session_id, request_key)
+        query = ("SELECT request_key, event, acked, tito FROM calls WHERE session_id = ? AND request_key = ?"
+                 " ORDER BY seq")
+        # a request's first try (no rows) is the common case: pending acknowledgements cannot change that
+        rows = self._read_as_written(query, session_id, request_key)
+        if rows and self._acks:
+            rows = self._read(query, session_id, request_key)
         return [_stored(row) for row in rows]
 
     def recent_calls(self, session_id: str, limit: int) -> list[StoredCall]:
@@ -224,6 +257,8 @@ class SessionStore:
             db.execute("DELETE FROM closes WHERE session_id = ? AND via = ?", (state.session_id, via))
 
     def close(self) -> None:
+        with suppress(ServiceUnavailableError):
+            self.flush()
         with suppress(sqlite3.Error):
             self._db.close()
 

@@ -10,9 +10,9 @@ argument, else `$SFLOW_INFERENCE_KEY` (the variable the service reads too), so c
 service's environment (the proxy, the tests, RemoteEngineControl) need no change. SGLang launched with
 `--api-key` checks the same header.
 
-HTTP is aiohttp's: the proxy makes one engine request per call, and httpx's stack (httpx, httpcore, anyio,
-h11) cost about 0.5 ms of CPU per request against aiohttp's 0.15 ms (bench/adapter_bench.py's profile,
-docs/architecture.md "Proxy CPU").
+HTTP is a keep-alive HTTP/1.1 client of our own (`schemas.inference.http11`): the proxy makes one engine
+request per call, and httpx's stack cost ~1.4 ms of CPU per call, aiohttp's ~0.8 ms (bench/adapter_bench.py's
+profile, docs/architecture.md "Proxy CPU").
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-import aiohttp
 import orjson
 
 from schemas.inference.control import EngineControl, control_key_from_env
 from schemas.inference.errors import InferenceHTTPError
+from schemas.inference.http11 import Http11Client
 from schemas.inference.protocol import (
     ControlResponse,
     GenerateRequest,
@@ -42,8 +42,9 @@ from schemas.inference.protocol import (
 from schemas.inference.types import EngineStats, WeightUpdateResult
 
 _T = TypeVar("_T")
+# idle connections are dropped before uvicorn's 5 s keep-alive (the engine's, SGLang's) closes them: a
+# request sent on a connection the server is closing would fail as a connection error
 _KEEPALIVE_S = 4.0
-
 
 
 def generate_payload(
@@ -83,8 +84,8 @@ class _Reply:
 class InferenceClient:
     """One inference server (native or SGLang) at `base_url`.
 
-    The connection pool is made on the first request, in the event loop that makes it (aiohttp binds a
-    session to its loop; `RemoteEngineControl` builds the client outside its loop)."""
+    The connection pool is bound to the event loop of the first request (`RemoteEngineControl` builds the
+    client outside its loop)."""
 
     def __init__(
         self,
@@ -98,10 +99,9 @@ class InferenceClient:
         if control_key is None:
             from_env = control_key_from_env()
             control_key = None if from_env is None else from_env.get_secret_value()
-        self._headers = {"Authorization": f"Bearer {control_key}"} if control_key else {}
-        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
-        self._max_connections = max_connections
-        self._session: aiohttp.ClientSession | None = None
+        headers = {"Authorization": f"Bearer {control_key}"} if control_key else {}
+        self._http = Http11Client(self.base_url, headers=headers, timeout_s=timeout_s,
+                                  max_connections=max_connections, keepalive_s=_KEEPALIVE_S)
 
     async def __aenter__(self) -> InferenceClient:
         return self
@@ -110,31 +110,17 @@ class InferenceClient:
         await self.aclose()
 
     async def aclose(self) -> None:
-        session, self._session = self._session, None
-        if session is not None:
-            await session.close()
-
-    def _http(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            self._session = aiohttp.ClientSession(
-                headers=self._headers, timeout=self._timeout,
-                # idle connections are dropped before uvicorn's 5 s keep-alive (the engine's, SGLang's) closes
-                # them: a request sent on a connection the server is closing would fail as a connection error
-                connector=aiohttp.TCPConnector(limit=self._max_connections, keepalive_timeout=_KEEPALIVE_S),
-                json_serialize=json.dumps,
-            )
-        return self._session
+        await self._http.close()
 
     async def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> _Reply:
         data = None if body is None else orjson.dumps(body)  # the same JSON as json.dumps (compact), faster
-        headers = None if body is None else {"Content-Type": "application/json"}
-        async with self._http().request(method, f"{self.base_url}{path}", data=data, headers=headers) as response:
-            return _Reply(response.status, await response.read())
+        status, content = await self._http.request(method, path, data)
+        return _Reply(status, content)
 
     async def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> _Reply:
         try:
             response = await self._request(method, path, body)
-        except (aiohttp.ClientError, TimeoutError) as e:  # TimeoutError: aiohttp's own timeout_s, not a caller's
+        except (OSError, TimeoutError) as e:  # TimeoutError: the client's own timeout_s, not a caller's
             raise InferenceHTTPError(503, "connection_error", f"{method} {self.base_url}{path}: {e!r}") from e
         if response.status_code >= 400:
             raise _http_error(response)
@@ -189,7 +175,7 @@ class InferenceClient:
     async def health(self) -> bool:
         try:
             response = await self._request("GET", "/health_generate")
-        except (aiohttp.ClientError, TimeoutError):
+        except (OSError, TimeoutError):
             return False
         return response.status_code == 200
 

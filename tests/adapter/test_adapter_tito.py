@@ -14,7 +14,7 @@ from agents_adapter.errors import TemplateError
 from agents_adapter.proxy.chat_codec import ChatCodec
 from agents_adapter.proxy.outputs import parse_tool_calls
 from agents_adapter.proxy.session_cache import SessionCache, SessionState
-from agents_adapter.proxy.tito import TitoBuilder, canonical_message
+from agents_adapter.proxy.tito import TitoBuilder, _chain, canonical_message, tools_seed
 from inference_svc.default_model import build_tokenizer
 
 pytestmark = pytest.mark.unit
@@ -149,6 +149,39 @@ def test_canonical_form_ignores_what_does_not_render(codec: ChatCodec) -> None:
     parts = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
     assert canonical_message({"role": "user", "content": parts}) == canonical_message({"role": "user", "content": "ab"})
     assert canonical_message({"role": "user", "content": "a"}) != canonical_message({"role": "user", "content": "a "})
+
+
+@settings(max_examples=300, deadline=None)
+@given(role=st.sampled_from(["system", "user", "assistant", "tool"]),
+       content=st.text(st.characters(blacklist_categories=["Cs"])), name=st.sampled_from([None, ""]),
+       calls=st.sampled_from([None, []]))
+def test_the_plain_message_form_is_the_json_form(role: str, content: str, name: str | None,
+                                                   calls: list[Any] | None) -> None:
+    """The written-out form of a text message is byte for byte json.dumps's: stored session keys stay valid."""
+    message = {"role": role, "content": content, "name": name, "tool_calls": calls}
+    as_json = json.dumps([role, content, "", []], ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+    assert canonical_message(message) == as_json.encode("utf-8")
+
+
+_MESSAGE = st.one_of(
+    st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant"]), "content": st.sampled_from(["a", "b", ""])}),
+    st.fixed_dictionaries({"role": st.just("assistant"), "content": st.none(), "tool_calls": st.just(
+        [{"function": {"name": "f", "arguments": {"x": 1}}}])}),
+    st.fixed_dictionaries({"role": st.just("assistant"), "content": st.none(), "tool_calls": st.just(
+        [{"function": {"name": "f", "arguments": {"x": 1.0}}}])}),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(first=st.lists(_MESSAGE, max_size=8), second=st.lists(_MESSAGE, max_size=8), keep=st.integers(0, 8),
+       tools=st.sampled_from([None, TOOLS]))
+def test_prefix_hashes_reused_from_the_last_request_are_the_fresh_ones(
+        first: list[dict[str, Any]], second: list[dict[str, Any]], keep: int, tools: Any) -> None:
+    """A request that repeats part of the last one (then differs: a new turn, an edit, 1 for 1.0 in tool
+    arguments, other tools) gets exactly the hashes computed without the last request."""
+    _, previous = _chain(tools_seed(TOOLS), first)
+    messages = [dict(m) for m in first[:keep]] + second
+    assert _chain(tools_seed(tools), messages, previous)[0] == _chain(tools_seed(tools), messages)[0]
 
 
 def test_text_and_token_prompts_extend_and_drift(codec: ChatCodec) -> None:
