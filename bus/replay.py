@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -44,8 +45,33 @@ class ReplayResult:
     skipped: list[tuple[str, int, int, str]] = field(default_factory=list)
 
 
+def _watermarks(consumer: Consumer, tp: TopicPartition, timeout_s: float) -> tuple[int, int]:
+    """The partition's low and high offsets, asked again while the broker answers with a retriable error.
+
+    Why: a broker that has not yet taken (or re-taken) leadership of a partition answers "not leader for
+    partition" for a moment, e.g. on a loaded machine right after the topic was created; the client's
+    metadata refresh then finds the leader. Seen in CI at load ~20 (tests/kafka/test_trainer_service.py).
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            low, high = consumer.get_watermark_offsets(tp, timeout=timeout_s)
+            return int(low), int(high)
+        except KafkaException as e:
+            error = e.args[0] if e.args and isinstance(e.args[0], KafkaError) else None
+            retriable = error is not None and (error.retriable() or error.code() in _LEADER_MOVING)
+            if not retriable or time.monotonic() >= deadline:
+                raise
+            log.info("watermarks not available yet, asking again", extra={"topic": tp.topic, "error": str(error)})
+            time.sleep(0.2)
+
+
+_LEADER_MOVING = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+                            KafkaError.UNKNOWN_TOPIC_OR_PART})
+
+
 def _bounds(consumer: Consumer, tp: TopicPartition, rng: ReplayRange, timeout_s: float) -> tuple[int, int]:
-    low, high = consumer.get_watermark_offsets(tp, timeout=timeout_s)
+    low, high = _watermarks(consumer, tp, timeout_s)
     start, end = low, high
     if rng.start_offset is not None:
         start = max(low, rng.start_offset)
