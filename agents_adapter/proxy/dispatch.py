@@ -62,6 +62,10 @@ class EngineSampling:
         probabilities (and logprobs) become NaN; greedy is what such a temperature means anyway."""
         return replace(self, temperature=0.0) if 0.0 < self.temperature < floor else self
 
+    def for_choice(self, choice: int) -> EngineSampling:
+        """Choice i of a seeded request samples with seed + i (n identical samples would be useless)."""
+        return self if self.seed is None or choice == 0 else replace(self, seed=self.seed + choice)
+
     def params(self, max_new_tokens: int) -> SamplingParams:
         return SamplingParams(
             max_new_tokens=max_new_tokens, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,

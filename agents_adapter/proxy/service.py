@@ -43,7 +43,7 @@ from agents_adapter.proxy.session_book import KeyedLocks, SessionBook
 from agents_adapter.proxy.session_cache import SessionState
 from agents_adapter.proxy.session_store import StoredCall
 from agents_adapter.proxy.stitching import StitchedCall
-from agents_adapter.proxy.tito import DRIFT_CLASSES, BuiltPrompt, TitoBuilder, new_call_id
+from agents_adapter.proxy.tito import BuiltPrompt, TitoBuilder, drift_classes_by_agent, new_call_id
 from schemas.events import Event, LLMCall
 
 logger = logging.getLogger(__name__)
@@ -282,7 +282,7 @@ class AdapterService:
                 tasks = [
                     group.create_task(self.dispatcher.run(
                         call_id, ctx.session_id, prompt.ids, budget,
-                        _seeded(sampling, i % n), deadline,
+                        sampling.for_choice(i % n), deadline,
                     ))
                     for i, (call_id, prompt, budget) in enumerate(zip(call_ids, prompts, budgets, strict=True))
                 ]
@@ -365,7 +365,7 @@ class AdapterService:
             "requests_failed": dict(self.requests_failed),
             "calls_by_agent": dict(self.calls_by_agent),
             "drift_by_agent": dict(self.drift_by_agent),
-            "drift_classes_by_agent": _by_agent(self.drift_classes),
+            "drift_classes_by_agent": drift_classes_by_agent(self.drift_classes),
             "sessions": book.stats(),
             "idempotency": {
                 "requests_replayed": self.requests_replayed,
@@ -391,19 +391,3 @@ _BUILD_INLINE_BYTES = 16 * 1024
 async def _built(body_bytes: int, build: Callable[[], _Built]) -> _Built:
     """`build()`, on the event loop for a body up to `_BUILD_INLINE_BYTES`, else on a worker thread."""
     return build() if body_bytes <= _BUILD_INLINE_BYTES else await asyncio.to_thread(build)
-
-
-def _by_agent(counts: Counter[tuple[str, str]]) -> dict[str, dict[str, int]]:
-    """{agent: {class: calls}} with every class present (0 when none happened)."""
-    out: dict[str, dict[str, int]] = {}
-    for (agent, kind), n in sorted(counts.items()):
-        out.setdefault(agent, dict.fromkeys(DRIFT_CLASSES, 0))[kind] = n
-    return out
-
-
-def _seeded(sampling: EngineSampling, choice: int) -> EngineSampling:
-    """Choice i of a seeded request samples with seed + i (n identical samples would be useless)."""
-    if sampling.seed is None or choice == 0:
-        return sampling
-    return EngineSampling(sampling.temperature, sampling.top_p, sampling.top_k, sampling.seed + choice,
-                          sampling.stop_token_ids, sampling.ignore_eos)

@@ -41,7 +41,7 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -137,6 +137,14 @@ CONTINUATION: Final = "continuation"
 REALIGNED: Final = "realigned"
 FORK: Final = "fork"
 DRIFT_CLASSES: Final = (CONTINUATION, REALIGNED, FORK)
+
+
+def drift_classes_by_agent(counts: Counter[tuple[str, str]]) -> dict[str, dict[str, int]]:
+    """{agent: {class: calls}} from (agent, class) counts, every class present (0 when none happened)."""
+    out: dict[str, dict[str, int]] = {}
+    for (agent, kind), n in sorted(counts.items()):
+        out.setdefault(agent, dict.fromkeys(DRIFT_CLASSES, 0))[kind] = n
+    return out
 
 
 @dataclass(frozen=True)
