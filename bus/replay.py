@@ -45,6 +45,10 @@ class ReplayResult:
     skipped: list[tuple[str, int, int, str]] = field(default_factory=list)
 
 
+_LEADER_MOVING = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+                            KafkaError.UNKNOWN_TOPIC_OR_PART})
+
+
 def _watermarks(consumer: Consumer, tp: TopicPartition, timeout_s: float) -> tuple[int, int]:
     """The partition's low and high offsets, asked again while the broker answers with a retriable error.
 
@@ -64,10 +68,6 @@ def _watermarks(consumer: Consumer, tp: TopicPartition, timeout_s: float) -> tup
                 raise
             log.info("watermarks not available yet, asking again", extra={"topic": tp.topic, "error": str(error)})
             time.sleep(0.2)
-
-
-_LEADER_MOVING = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
-                            KafkaError.UNKNOWN_TOPIC_OR_PART})
 
 
 def _bounds(consumer: Consumer, tp: TopicPartition, rng: ReplayRange, timeout_s: float) -> tuple[int, int]:

@@ -63,9 +63,9 @@ def build_cpu_ops() -> None:
     """Compiles the C++ ops DeepSpeed's CPU accelerator JIT-builds on first use, into TORCH_EXTENSIONS_DIR.
 
     Why ahead of time: the gloo process group loads the shared-memory collective op
-    (`deepspeed_shm_comm`), whose first build takes about a minute on two cores; paid inside the first
-    train step, that minute is a train step the scheduler sees as a straggler (`make install` runs this).
-    Later loads find the built library and take milliseconds.
+    (`deepspeed_shm_comm`) when a trainer starts, and its first build took 59 s on two cores: a fresh
+    clone's trainer would join its first step a minute late (`make install` runs this). Later loads find
+    the built library (the make target: 6.8 s, Python and DeepSpeed's imports included).
     """
     prepare_environment("cpu")
     try:
