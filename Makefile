@@ -64,7 +64,7 @@ lint: $(STAMP)
 test: $(STAMP) $(OPS) $(JARS) packages
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest -m "not gpu" tests
+	$(PY) -m pytest -m "not gpu" --durations=30 tests
 
 test-fast: $(STAMP) $(JARS)
 	$(PY) -m pytest -m "unit" tests

@@ -133,10 +133,27 @@ def direct(run_dir: Path, sql: str) -> list[tuple[Any, ...]]:
         return store.query(sql).rows
 
 
-def text_of(driver: Any, css: str) -> str:
-    from selenium.webdriver.common.by import By
+# The panels are redrawn on every refresh (twice a second here), so an element found by one WebDriver
+# command may be gone by the next: every read of the page is one script, run between two redraws.
+READ_ALL = """
+const [css, names] = arguments;
+return Array.from(document.querySelectorAll(css)).map(e =>
+  names.map(n => n === "text" ? (e.innerText ?? e.textContent).trim() : e.getAttribute(n)));
+"""
 
-    return str(driver.find_element(By.CSS_SELECTOR, css).text)
+
+def read_all(driver: Any, css: str, *names: str) -> list[tuple[str | None, ...]]:
+    """`names` ("text" or attribute names) of every element matching `css`, read at one instant."""
+    return [tuple(row) for row in driver.execute_script(READ_ALL, css, list(names))]
+
+
+def text_of(driver: Any, css: str) -> str:
+    from selenium.common.exceptions import NoSuchElementException
+
+    rows = read_all(driver, css, "text")
+    if not rows:
+        raise NoSuchElementException(css)
+    return str(rows[0][0])
 
 
 def wait_for(driver: Any, condition: Any, what: str) -> Any:
@@ -145,7 +162,7 @@ def wait_for(driver: Any, condition: Any, what: str) -> Any:
 
     return WebDriverWait(driver, WAIT_S, poll_frequency=0.1,
                          ignored_exceptions=(NoSuchElementException, StaleElementReferenceException)).until(
-        condition, f"page never showed {what}; status: {driver.find_element('id', 'status').text!r}")
+        condition, f"page never showed {what}; status: {text_of(driver, '#status')!r}")
 
 
 def test_page_shows_the_runs_numbers_and_a_session_tree(browser: Any, dashboard: str, run_dir: Path,
@@ -171,28 +188,26 @@ def test_page_shows_the_runs_numbers_and_a_session_tree(browser: Any, dashboard:
     # Every panel drew from the store: one Gantt bar per activity transition, one length bin per call
     # length, drift counted for the agent that drifted, and no eval series yet.
     [(transitions,)] = direct(run_dir, "SELECT count() FROM {db}.scheduler_events FINAL WHERE kind = 'tag'")
-    assert len(browser.find_elements(By.CSS_SELECTOR, "#gantt-svg rect[data-activity]")) == transitions == 7
-    assert {e.get_attribute("data-activity") for e in browser.find_elements(By.CSS_SELECTOR, "#gantt-svg rect")} \
-        == {"rollout", "train", "weight_sync"}
+    assert len(read_all(browser, "#gantt-svg rect[data-activity]", "data-activity")) == transitions == 7
+    assert {a for (a,) in read_all(browser, "#gantt-svg rect", "data-activity")} == {"rollout", "train", "weight_sync"}
     assert text_of(browser, "#panel-eval") == "no eval events"
-    drift_rows = [r.text.split() for r in browser.find_elements(By.CSS_SELECTOR, "#panel-drift tr")[1:]]
+    drift_rows = [str(text).split() for (text,) in read_all(browser, "#panel-drift tr", "text")[1:]]
     assert drift_rows == [["search", "2", "1", "0.5", "1", "1"], ["calc", "3", "0", "0", "2", "0"]]
-    assert browser.find_elements(By.CSS_SELECTOR, "#panel-throughput polyline")
-    assert browser.find_elements(By.CSS_SELECTOR, "#panel-staleness rect")
+    assert read_all(browser, "#panel-throughput polyline", "points")
+    assert read_all(browser, "#panel-staleness rect", "height")
 
     # The session view: pick the two-turn session whose second call spans the weight update.
     Select(browser.find_element(By.ID, "trajectory-select")).select_by_value("t-s-a")
     wait_for(browser, lambda d: "session s-a " in text_of(d, "#session-head"), "session s-a")
-    nodes = browser.find_elements(By.CSS_SELECTOR, "#session g.call")
+    nodes = read_all(browser, "#session g.call", "data-call-id", "data-versions", "text")
     segments = direct(run_dir, """
         SELECT call_id, arrayStringConcat(groupArray(concat(toString(version), 'x', toString(num_tokens))), ' ')
         FROM (SELECT * FROM {db}.llm_call_segments FINAL WHERE session_id = 's-a' ORDER BY segment_index)
         GROUP BY call_id ORDER BY call_id""")
-    assert [(n.get_attribute("data-call-id"), n.get_attribute("data-versions")) for n in nodes] == segments \
+    assert [(call_id, versions) for call_id, versions, _ in nodes] == segments \
         == [("s-a-c0", "0x30"), ("s-a-c1", "0x10 1x14")]
-    assert "+7 prompt" in nodes[1].text  # its prompt (49) extends its parent's 12 + 30 by the tool's 7 tokens
-    assert {r.get_attribute("data-version") for r in browser.find_elements(By.CSS_SELECTOR, "#session .version-run")} \
-        == {"0", "1"}
+    assert "+7 prompt" in str(nodes[1][2])  # its prompt (49) extends its parent's 12 + 30 by the tool's 7 tokens
+    assert {v for (v,) in read_all(browser, "#session .version-run", "data-version")} == {"0", "1"}
 
     shot = tmp_path / "dashboard.png"
     assert browser.save_screenshot(str(shot))
