@@ -19,7 +19,7 @@ from pydantic import Field, field_validator
 from bus.config import BusConfig
 from bus.kit import ConfigModel
 from bus.topics import CATALOG
-from infra.analytics.errors import AnalyticsConfigError, AnalyticsError, StoreLockedError
+from infra.analytics.errors import AnalyticsConfigError, AnalyticsError
 from infra.analytics.store import AnalyticsStore, ChdbStore, ClickHouseServerStore, held_by_another_process, redact
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -166,6 +166,6 @@ def open_store(config: AnalyticsConfig, read_only: bool = False) -> AnalyticsSto
     if not held_by_another_process(config.chdb_path):  # asked first: a refused open makes chdb print an error
         try:
             return ChdbStore(config.chdb_path, config.database, create=False)
-        except StoreLockedError:
-            pass  # taken between the check and the open
+        except AnalyticsError:  # taken between the check and the open: refused as locked (StoreLockedError), or
+            pass  # as a plain AnalyticsError when let go again before the refusal was told from a lock
     return ChdbStore.snapshot(config.chdb_path, config.database)

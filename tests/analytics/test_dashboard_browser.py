@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import struct
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -31,6 +31,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.timeout(120)]
 REPO = Path(__file__).resolve().parents[2]
 CHROMIUM = {"chromium": "chromium", "chromedriver": "chromium-driver"}
 WAIT_S = 30.0
+T = TypeVar("T")
 
 
 def session_events(name: str, agent: str, turns: list[list[ev.Segment]], reward: float, at_ms: int,
@@ -128,6 +129,17 @@ def browser() -> Iterator[Any]:
         driver.quit()
 
 
+def when_free(open_it: Callable[[], T]) -> T:
+    """Open the run's chdb folder once the dashboard lets go of it: it holds the folder for the length
+    of each read (twice a second here)."""
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        try:
+            return open_it()
+        except AnalyticsError:  # held (StoreLockedError), or released between the refusal and the lock check
+            assert time.monotonic() < deadline, "the dashboard never let go of the chdb folder"
+
+
 def direct(run_dir: Path, sql: str) -> list[tuple[Any, ...]]:
     with open_store(AnalyticsConfig(data_dir=run_dir / "analytics"), read_only=True) as store:
         return store.query(sql).rows
@@ -221,13 +233,7 @@ def test_page_follows_a_live_store(browser: Any, dashboard: str, run_dir: Path) 
     rows written since it loaded without a reload."""
     browser.get(dashboard)
     wait_for(browser, lambda d: text_of(d, "#stat-trajectories") == "3", "the first trajectories")
-    store, deadline = None, time.monotonic() + WAIT_S
-    while store is None:  # the dashboard holds the folder for the length of one read
-        try:
-            store = ChdbStore(run_dir / "analytics" / "chdb")
-        except AnalyticsError:  # held (StoreLockedError), or released between the refusal and the lock check
-            assert time.monotonic() < deadline, "the dashboard never let go of the chdb folder"
-    with store:
+    with when_free(lambda: ChdbStore(run_dir / "analytics" / "chdb")) as store:
         ingest(store, later_events())
         wait_for(browser, lambda d: text_of(d, "#stat-trajectories") == "4", "the new trajectory")
         wait_for(browser, lambda d: text_of(d, "#stat-last-reward") == "0.875", "the new train step")
