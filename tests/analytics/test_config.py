@@ -9,6 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from bus.process import ManagedProcess
+from infra.analytics import config as analytics_config
 from infra.analytics.__main__ import parse_config
 from infra.analytics.config import ALL_TOPICS, AnalyticsConfig, open_store
 from infra.analytics.errors import AnalyticsError, StoreLockedError
@@ -66,6 +67,28 @@ def test_flags_parse_into_a_validated_config(tmp_path: Path) -> None:
 def test_read_only_open_of_a_missing_store_says_to_run_the_sink(tmp_path: Path) -> None:
     with pytest.raises(AnalyticsError, match="run the sink"):
         open_store(AnalyticsConfig(data_dir=tmp_path / "none"), read_only=True)
+
+
+def test_a_read_only_open_refused_for_any_reason_reads_a_snapshot(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The holder may let go between chdb's refusal and the lock check that tells a lock from another
+    failure: the refusal is then a plain AnalyticsError, and a reader (the CLI, a test beside a live
+    dashboard) must still get the data, from a snapshot, not an error."""
+    with ChdbStore(tmp_path / "chdb") as store:  # a real folder, with the tables a sink creates
+        store.query("SELECT 1")
+    refused: list[Path] = []
+
+    class RefusingChdbStore(ChdbStore):
+        def __init__(self, path: Path, *args: object, **kwargs: object) -> None:
+            if kwargs.get("create") is False and not refused:
+                refused.append(path)
+                raise AnalyticsError(f"cannot open chdb at {path}: Error initializing EmbeddedServer")
+            super().__init__(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(analytics_config, "ChdbStore", RefusingChdbStore)
+    with open_store(AnalyticsConfig(data_dir=tmp_path), read_only=True) as store:
+        assert store.query("SELECT 1").rows == [(1,)]
+    assert refused == [tmp_path / "chdb"]
 
 
 def test_a_store_held_by_a_running_sink_is_read_through_a_snapshot(tmp_path: Path) -> None:

@@ -169,11 +169,10 @@ def text_of(driver: Any, css: str) -> str:
 
 
 def wait_for(driver: Any, condition: Any, what: str) -> Any:
-    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+    from selenium.common.exceptions import NoSuchElementException
     from selenium.webdriver.support.ui import WebDriverWait
 
-    return WebDriverWait(driver, WAIT_S, poll_frequency=0.1,
-                         ignored_exceptions=(NoSuchElementException, StaleElementReferenceException)).until(
+    return WebDriverWait(driver, WAIT_S, poll_frequency=0.1, ignored_exceptions=(NoSuchElementException,)).until(
         condition, f"page never showed {what}; status: {text_of(driver, '#status')!r}")
 
 
