@@ -71,28 +71,40 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-async def run_task(worker: WorkerConfig, example: Example, score_of: Callable[[Any, Any], float],
-                   row: dict[str, Any], group_id: str) -> TaskResult:
-    """One held-out session; the versions are those of the replies the proxy sent it."""
-    versions: set[int] = set()
+class ReplyVersions:
+    """The weight versions of the replies the proxy sent each session, read by a response hook on the
+    evaluation's one HTTP client (see agents_adapter.sdk: one client for all its sessions)."""
 
-    async def note(response: Any) -> None:  # the openai client's own HTTP library's response
-        if response.headers.get("content-type", "").startswith("application/json"):
+    def __init__(self) -> None:
+        self.by_session: dict[str, set[int]] = {}
+
+    async def note(self, response: Any) -> None:  # the openai client's own HTTP library's response
+        versions = self.by_session.get(response.request.headers.get("X-Session-Id", ""))
+        if versions is not None and response.headers.get("content-type", "").startswith("application/json"):
             await response.aread()
             with contextlib.suppress(ValueError, TypeError, AttributeError):  # not a completion body
                 versions.update(versions_in_reply(response.json()))
 
+
+async def run_task(worker: WorkerConfig, example: Example, score_of: Callable[[Any, Any], float],
+                   row: dict[str, Any], group_id: str, http: openai.DefaultAsyncHttpxClient,
+                   replies: ReplyVersions) -> TaskResult:
+    """One held-out session; the versions are those of the replies the proxy sent it."""
     task_id = str(row["task_id"])
     task = example.task_of(row)
+    session = AsyncAgentSession(worker.base_url, worker.api_key, task_id=task_id, group_id=group_id,
+                                http_client=http)
+    versions = replies.by_session.setdefault(session.session_id, set())
     try:
-        async with openai.DefaultAsyncHttpxClient(event_hooks={"response": [note]}, timeout=600) as http, \
-                AsyncAgentSession(worker.base_url, worker.api_key, task_id=task_id, group_id=group_id) as s:
-            episode = await example.agent.arun(s.client.with_options(http_client=http), task, s.session_id)
+        async with session as s:
+            episode = await example.agent.arun(s.client, task, s.session_id)
             s.reward = reward = float(example.reward(episode, task))
             score = float(score_of(episode, task))
     except Exception as e:  # a failed session scores 0; the evaluation goes on
         log.warning("held-out session failed", extra={"task": task_id, "error": repr(e)})
         return TaskResult(task_id, 0.0, 0.0, tuple(sorted(versions)), failed=True)
+    finally:
+        replies.by_session.pop(session.session_id, None)
     return TaskResult(task_id, score, reward, tuple(sorted(versions)))
 
 
@@ -101,13 +113,15 @@ async def evaluate(config: EvaluatorConfig, example: Example, score_of: Callable
     """Every held-out task once, at most `concurrency` at a time."""
     started = time.perf_counter()
     slots = asyncio.Semaphore(config.worker.concurrency)
+    replies = ReplyVersions()
 
-    async def one(row: dict[str, Any]) -> TaskResult:
-        async with slots:
-            return await run_task(config.worker, example, score_of, row,
-                                  group_id_of(config.run_id, step, str(row["task_id"])))
+    async with openai.DefaultAsyncHttpxClient(event_hooks={"response": [replies.note]}) as http:
+        async def one(row: dict[str, Any]) -> TaskResult:
+            async with slots:
+                return await run_task(config.worker, example, score_of, row,
+                                      group_id_of(config.run_id, step, str(row["task_id"])), http, replies)
 
-    results = await asyncio.gather(*(one(r) for r in rows))
+        results = await asyncio.gather(*(one(r) for r in rows))
     return eval_event(config.run_id, step, config.max_steps, results, temperature=EVAL_TEMPERATURE,
                       tasks_seed=config.tasks_seed, duration_ms=(time.perf_counter() - started) * 1000)
 

@@ -22,6 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import openai
+
 from agents_adapter.sdk import AsyncAgentSession
 from bus.config import BusConfig
 from bus.consumer import EventConsumer, Received
@@ -76,10 +78,12 @@ def row_of(event: TaskDispatched) -> dict[str, Any]:
     return {**TaskPayload.from_json(event.payload).fields, "task_id": event.task_id}
 
 
-async def run_episode(config: WorkerConfig, example: Example, task: Any, event: TaskDispatched) -> float:
-    """One session through the proxy; the reward is reported when the session ends."""
+async def run_episode(config: WorkerConfig, example: Example, task: Any, event: TaskDispatched,
+                      http: openai.DefaultAsyncHttpxClient) -> float:
+    """One session through the proxy (over the worker's one HTTP client, see agents_adapter.sdk);
+    the reward is reported when the session ends."""
     async with AsyncAgentSession(config.base_url, config.api_key, task_id=event.task_id,
-                                 group_id=event.group_id) as s:
+                                 group_id=event.group_id, http_client=http) as s:
         episode = await example.agent.arun(s.client, task, s.session_id)
         s.reward = reward = float(example.reward(episode, task))
     return reward
@@ -109,14 +113,14 @@ class InOrderCommits:
 
 
 async def run_group(config: WorkerConfig, example: Example, event: TaskDispatched,
-                    slots: asyncio.Semaphore) -> list[float]:
+                    slots: asyncio.Semaphore, http: openai.DefaultAsyncHttpxClient) -> list[float]:
     """The group's rewards (0.0 for a session that failed)."""
     task = example.task_of(row_of(event))
 
     async def one() -> float:
         async with slots:
             try:
-                return await run_episode(config, example, task, event)
+                return await run_episode(config, example, task, event, http)
             except Exception as e:  # a failed session is reported failed by the SDK; the group goes on
                 log.warning("episode failed", extra={"group": event.group_id, "error": repr(e)})
                 return 0.0
@@ -130,10 +134,11 @@ async def serve(config: WorkerConfig, bus: BusConfig, stop: threading.Event) -> 
     commits = InOrderCommits(consumer)
     slots = asyncio.Semaphore(config.concurrency)
     running: set[asyncio.Task[None]] = set()
+    http = openai.DefaultAsyncHttpxClient()
 
     async def handle(r: Received) -> None:
         assert isinstance(r.event, TaskDispatched)
-        rewards = await run_group(config, example, r.event, slots)
+        rewards = await run_group(config, example, r.event, slots, http)
         mean = sum(rewards) / max(1, len(rewards))
         log.info("group done", extra={"group": r.event.group_id, "reward": round(mean, 3)})
         commits.finished(r)
@@ -154,6 +159,7 @@ async def serve(config: WorkerConfig, bus: BusConfig, stop: threading.Event) -> 
         for t in running:
             t.cancel()
         await asyncio.gather(*running, return_exceptions=True)
+        await http.aclose()
         consumer.close(commit=True)
 
 

@@ -91,6 +91,9 @@ class TrainerSection(_Strict):
     validated here at load, cross-field rules included); the run hands them to the trainer as a file."""
 
     learning_rate: float = Field(default=3e-4, gt=0, description="AdamW learning rate (engine.learning_rate).")
+    micro_batch_tokens: int | None = Field(default=None, ge=1, description=(
+        "Tokens of a packed micro-batch (engine.micro_batch_tokens; None: the trainer's default). Its attention"
+        " mask is dense, so on a small model short micro-batches train faster; the loss does not depend on it."))
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig, description=(
         "Loss and advantages: aggregation, clipping (clip_eps_high: DAPO clip-higher), ratio_level (GSPO),"
         " kl_coef / kl_estimator, entropy_coef, overlong_mask / overlong_buffer, dynamic_sampling."
@@ -101,7 +104,10 @@ class TrainerSection(_Strict):
     def service_values(self) -> dict[str, Any]:
         """The trainer service's config file (`python -m trainer_svc --config FILE`): what differs from
         its defaults, so the service's own defaults stay the source for the rest."""
-        return {"engine": {"learning_rate": self.learning_rate},
+        engine: dict[str, Any] = {"learning_rate": self.learning_rate}
+        if self.micro_batch_tokens is not None:
+            engine["micro_batch_tokens"] = self.micro_batch_tokens
+        return {"engine": engine,
                 "algorithm": self.algorithm.model_dump(mode="json", exclude_defaults=True),
                 "collapse_guard": self.collapse_guard.model_dump(mode="json", exclude_defaults=True)}
 

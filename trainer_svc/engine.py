@@ -64,14 +64,16 @@ def build_cpu_ops() -> None:
 
     Why ahead of time: the gloo process group loads the shared-memory collective op
     (`deepspeed_shm_comm`) when a trainer starts, and its first build took 59 s on two cores: a fresh
-    clone's trainer would join its first step a minute late (`make install` runs this). Later loads find
-    the built library (the make target: 6.8 s, Python and DeepSpeed's imports included).
+    clone's trainer would join its first step a minute late (`make install` runs this). The same holds
+    for `engine.optimizer: cpu_adam` (`cpu_adam`, 69 s on two cores, the slowest test of a fresh
+    clone's suite before it was built here). Later loads find the built libraries.
     """
     prepare_environment("cpu")
     try:
         from deepspeed.accelerator import get_accelerator
 
-        get_accelerator().create_op_builder("ShareMemCommBuilder").load()
+        for builder in ("ShareMemCommBuilder", "CPUAdamBuilder"):
+            get_accelerator().create_op_builder(builder).load()
     except Exception as e:  # a compiler error surfaces as anything from RuntimeError to CalledProcessError
         raise EngineError(f"building DeepSpeed's CPU ops into {os.environ['TORCH_EXTENSIONS_DIR']} failed: {e}") from e
 

@@ -26,7 +26,7 @@ import pytest
 from agents_adapter.proxy.app import create_app
 from agents_adapter.proxy.chat_codec import ChatCodec
 from agents_adapter.proxy.config import AdapterConfig
-from agents_adapter.sdk import AgentSession, report_reward_later
+from agents_adapter.sdk import AgentSession, AsyncAgentSession, report_reward_later
 from bus.admin import ensure_topics
 from bus.config import BusConfig
 from bus.producer import EventProducer
@@ -519,6 +519,35 @@ def test_session_end_reward_later_failed_sessions_and_drain(
                                                         max_tokens=2)
     aborted = [e for e in recorded(bus_config, "sessions", ev.SessionEnded) if e.session_id == "open"]
     assert aborted[0].status == ev.SessionStatus.ABORTED
+
+
+def test_sessions_sharing_one_http_client_stay_apart_and_leave_it_open(
+    bus_config: BusConfig, start_proxy: Callable[..., Proxy], engine_a: tuple[str, Any],
+) -> None:
+    """An agent fleet's sessions share one HTTP client (agents_adapter.sdk): each is still recorded as
+    its own session, and ending one does not close the client under the others."""
+    proxy = start_proxy(bus_config, (f"rollout-a={engine_a[0]}",))
+
+    async def fleet() -> tuple[list[str], bool]:
+        async with openai.DefaultAsyncHttpxClient() as http:
+            async def one(i: int) -> str:
+                async with AsyncAgentSession(f"{proxy.url}/v1", "key-a", task_id=f"t-{i}", max_retries=0,
+                                             http_client=http) as s:
+                    await s.client.chat.completions.create(model=proxy.model, max_tokens=2,
+                                                           messages=[{"role": "user", "content": f"q{i}"}])
+                    s.reward = i / 4
+                return s.session_id
+
+            ids = list(await asyncio.gather(*(one(i) for i in range(4))))
+            return ids, http.is_closed
+
+    ids, closed = asyncio.run(fleet())
+    assert not closed
+    ended = {e.session_id: e for e in recorded(bus_config, "sessions", ev.SessionEnded)}
+    calls = recorded(bus_config, "llm.calls", ev.LLMCall)
+    for i, sid in enumerate(ids):
+        assert (ended[sid].reward, ended[sid].task_id, ended[sid].num_calls) == (i / 4, f"t-{i}", 1)
+        assert [c.task_id for c in calls if c.session_id == sid] == [f"t-{i}"]
 
 
 def test_calculator_agent_episodes_run_through_the_proxy(

@@ -13,7 +13,7 @@ from infra.errors import InfraError
 from infra.run_config import RunConfig
 from tests.unit.infra.run_configs import DEMO, load
 from trainer_svc.__main__ import parse_config
-from trainer_svc.config import ServiceConfig
+from trainer_svc.config import EngineConfig, ServiceConfig
 
 pytestmark = pytest.mark.unit
 
@@ -35,6 +35,7 @@ def test_the_demo_recipe_reaches_the_trainer_with_the_agents_token_limit(tmp_pat
     assert service.algorithm.aggregation == "seq_mean_token_mean"
     assert service.algorithm.max_response_tokens == config.agent.max_tokens == 80
     assert service.engine.learning_rate == config.trainer.learning_rate
+    assert service.engine.micro_batch_tokens == config.trainer.micro_batch_tokens == 512  # dense masks: short is fast
     assert service.algorithm.dynamic_sampling and service.algorithm.overlong_mask  # the demo's recipe
     assert service.collapse_guard.enabled and service.collapse_guard.converged_reward == 0.75
     assert config.scheduler.dynamic_sampling_extra_groups > 0  # the scheduler refills what the trainer filters
@@ -53,6 +54,7 @@ def test_every_option_reaches_the_trainer(tmp_path: Path) -> None:
     assert got == {**got, **algorithm, "aggregation": "seq_mean_token_sum_norm", "max_response_tokens": 64}
     assert service.collapse_guard.model_dump() == {**service.collapse_guard.model_dump(), **guard}
     assert service.engine.learning_rate == 1e-4
+    assert service.engine.micro_batch_tokens == EngineConfig().micro_batch_tokens
 
 
 @pytest.mark.parametrize(("trainer", "agent", "named"), [
