@@ -96,6 +96,11 @@ LEND_DECLINED = "lend_declined"
 #: below it the trainers have slack to roll out (0.7 misreads rollout-bound math runs as train bound
 #: on the simulator; 0.85 keeps them and the train-bound agentic ones)
 TRAIN_BOUND_SHARE = 0.85
+#: step periods (between two TrainStepCompleted) whose mean is the pipeline's period for the train-bound
+#: test: one period alone oscillates (a step started on a backlog ends soon after the last one, and the
+#: short period then reads as train bound: the next step starts on a partial batch and its trainers wait
+#: in it for the stragglers; measured on the simulator's math 32 x H800, 16 steps: 8 % bubble)
+PERIOD_WINDOW = 4
 #: completed groups whose latencies (dispatch to TaskCompleted) the stragglers' rest is read from
 LATENCY_WINDOW = 64
 #: bounds of the tail factor: the last groups of a batch come slower than the rate says (the long
@@ -134,7 +139,8 @@ class Estimates:
     load_s: float | None = None  # longest observed weight load (the return's prior)
     data_span_s: float | None = None  # the last step's start to its final TrainData: its batch's arrival
     last_step_end: float | None = None
-    step_interval_s: float | None = None  # between the last two TrainStepCompleted: the pipeline's period
+    step_interval_s: float | None = None  # between the last two TrainStepCompleted
+    intervals: deque[float] = field(default_factory=lambda: deque(maxlen=PERIOD_WINDOW))  # the last periods
     tail_bias: float = 1.0  # observed stragglers' rest / its rate-based prediction (the long tail's factor)
     first_fed: tuple[float, float] | None = None  # the running step's first partial TrainData: (time, rest predicted)
     dispatched_at: dict[str, float] = field(default_factory=dict)  # group -> its dispatch time, while rolling out
@@ -176,6 +182,7 @@ class Estimates:
     def step_done(self, t: float, tokens: int, resources: int) -> None:
         if self.last_step_end is not None and t > self.last_step_end:
             self.step_interval_s = t - self.last_step_end
+            self.intervals.append(self.step_interval_s)
             self.inflight_context = self.context_area / self.step_interval_s
         self.context_area = 0.0
         self.last_step_end = t
@@ -221,6 +228,11 @@ class Estimates:
             return 0.0
         return None if rate is None else groups / rate
 
+    @property
+    def period_s(self) -> float | None:
+        """The pipeline's period: the mean of the last `PERIOD_WINDOW` step periods."""
+        return sum(self.intervals) / len(self.intervals) if self.intervals else None
+
     def train_s(self, tokens: int, resources: int) -> float | None:
         if self.tokens_per_resource_s is None or resources < 1:
             return None
@@ -238,6 +250,7 @@ class Estimates:
             "data_span_s": self.data_span_s,
             "last_step_end": self.last_step_end,
             "step_interval_s": self.step_interval_s,
+            "intervals": tuple(self.intervals),
             "tail_bias": self.tail_bias,
             "first_fed": self.first_fed,
             "dispatched_at": dict(sorted(self.dispatched_at.items())),
@@ -343,10 +356,10 @@ def lend_value_share(
 
 def train_bound(est: Estimates, *, capable: int, batch_groups: int) -> Verdict:
     """Is training the bottleneck? (`take`: yes.) Its estimated time for a batch on all `capable`
-    train resources fills `TRAIN_BOUND_SHARE` of the pipeline's last period (between two steps'
+    train resources fills `TRAIN_BOUND_SHARE` of the pipeline's period (the mean of the last steps'
     ends): then every second the trainers spend not training stretches the period, so a step
     starts as soon as it has data, whatever the stragglers."""
-    period = est.step_interval_s
+    period = est.period_s
     train = None if est.group_tokens is None else est.train_s(round(est.group_tokens * batch_groups), capable)
     if period is None or train is None:
         return Verdict(False, None, None, "train bound")

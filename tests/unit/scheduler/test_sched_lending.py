@@ -211,6 +211,25 @@ def test_train_is_the_bottleneck_when_a_batch_s_training_fills_the_step_period()
     assert not train_bound(Estimates(), capable=4, batch_groups=80).take  # no estimate: weigh as before
 
 
+def test_one_short_period_after_a_backlog_does_not_read_as_train_bound() -> None:
+    """Periods alternate: a step started on a backlog ends 80 s after the one before, the next one
+    300 s after (measured so on the simulator). A batch of 60 groups trains in 150 s on 4 resources:
+    past 0.85 of the last period (80 s) alone, but the pipeline's period is the mean of the last ones
+    (202.5, 80: 141.25 s, then 194.2 s with 300): training fills it only while the short periods dominate."""
+    est = stepped(100.0)
+    end = est.last_step_end
+    assert end is not None
+    observe(est, TrainStepCompleted(end + 80.0, "a3", 2, 3), end + 80.0, 40_000, 4)
+    assert est.step_interval_s == pytest.approx(80.0) and est.period_s == pytest.approx(141.25)
+    assert train_bound(est, capable=4, batch_groups=60).take  # 150 s >= 0.85 * 141.25
+    observe(est, TrainStepCompleted(end + 380.0, "a4", 3, 4), end + 380.0, 40_000, 4)
+    assert est.period_s == pytest.approx((202.5 + 80.0 + 300.0) / 3)
+    assert not train_bound(est, capable=4, batch_groups=60).take  # 150 s < 0.85 * 194.2
+    for i in range(5):  # the mean keeps only the last PERIOD_WINDOW periods
+        observe(est, TrainStepCompleted(end + 480.0 + 100.0 * i, f"b{i}", 4 + i, 5 + i), end + 480.0 + 100.0 * i, 0, 4)
+    assert est.period_s == pytest.approx(100.0)
+
+
 def test_the_lend_window_is_the_stragglers_rest_less_the_ready_groups_training() -> None:
     """20 groups missing at 0.5 groups/s arrive in 40 s; the 10 ready ones (100,000 tokens) train on
     2 resources in 50 s: the step must start now to have trained them by then, no window to lend.
