@@ -6,7 +6,7 @@ number of train steps; only the scheduler's policy differs. Printed: rollout tok
 mean tagged utilisation, measured work (engine runs + train steps) and bubble of the resources, and the
 ratio spatiotemporal / colocated.
 
-Run: .venv/bin/python bench/pipeline_e2e.py [--steps 8]
+Run: .venv/bin/python bench/pipeline_e2e.py [--steps 16]
 """
 
 from __future__ import annotations
@@ -34,9 +34,10 @@ def job(policy: str, steps: int) -> RunConfig:
     base["scheduler"]["policy"] = policy
     base["run"] = {"max_steps": steps, "max_minutes": 15}
     base["eval"] = {**base["eval"], "enabled": False}  # throughput of the policies, not held-out accuracy
-    if policy == "colocated":  # every resource takes every tag: the trainer spans both
+    if policy == "colocated":  # verl-style: every resource takes every tag (the trainer spans both), on-policy
         for r in base["inference"]["resources"]:
             r["capabilities"] = ["rollout", "train"]
+        base["scheduler"]["max_staleness"] = 0
     return RunConfig.model_validate(base)
 
 
@@ -47,15 +48,19 @@ def measures(result: RunResult) -> dict[str, float]:
     busy = sum(b for b, _ in util.values()) / max(1, len(util))
     idle = sum(i for _, i in util.values()) / max(1, len(util))
     work = s.work_share()
+    rollout = s.rollout_work_share()
     return {"tokens/s": s.mean_tokens_per_s, "samples/s": s.trajectories / span_s, "utilisation": busy,
-            "work": sum(work.values()) / max(1, len(work)), "bubble": idle, "steps": float(s.steps)}
+            "work": sum(work.values()) / max(1, len(work)), "bubble": idle, "steps": float(s.steps),
+            "spanning": float(s.calls_spanning_update), "calls": float(s.calls),
+            **{f"rollout {rid}": share for rid, share in sorted(rollout.items())}}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=16,
+                        help="train steps per run (the first few overlap the services' start-up)")
     args = parser.parse_args()
-    console = Console()
+    console = Console(width=150)
     with tempfile.TemporaryDirectory() as tmp:
         cluster = KafkaCluster(Path(tmp) / "kafka", nodes=1, base_port=free_base_port())
         cluster.start()
@@ -65,12 +70,19 @@ def main() -> None:
         finally:
             cluster.stop()
     table = Table(title=f"same job, {args.steps} train steps, 2 resources on 2 cores")
-    for col in ("pipeline", "tokens/s", "samples/s", "tagged busy", "measured work", "bubble", "steps"):
+    rids = sorted({k.removeprefix("rollout ") for m in results.values() for k in m if k.startswith("rollout ")})
+    for col in ("pipeline", "tokens/s", "samples/s", "tagged busy", "measured work", "bubble", "steps",
+                "calls spanning an update", *(f"rollout work {rid}" for rid in rids)):
         table.add_column(col, justify="right")
     for name, m in results.items():
         table.add_row(name, f"{m['tokens/s']:.1f}", f"{m['samples/s']:.2f}", f"{m['utilisation']:.0%}",
-                      f"{m['work']:.0%}", f"{m['bubble']:.0%}", f"{m['steps']:.0f}")
+                      f"{m['work']:.0%}", f"{m['bubble']:.0%}", f"{m['steps']:.0f}",
+                      f"{m['spanning']:.0f} / {m['calls']:.0f}",
+                      *(f"{m.get(f'rollout {rid}', 0.0):.0%}" for rid in rids))
     console.print(table)
+    capable = [r.id for r in job("spatiotemporal", args.steps).inference.resources if "train" in r.capabilities]
+    print(f"rollout work: share of a resource's time its engine ran requests; train-capable in the spatiotemporal "
+          f"run: {', '.join(capable)} (its rollout work there is what it did while lent between steps)")
     ratio = results["spatiotemporal"]["tokens/s"] / max(1e-9, results["colocated"]["tokens/s"])
     print(f"ratio rollout tokens/s spatiotemporal vs colocated_sync: {ratio:.2f}x")
 

@@ -202,6 +202,12 @@ class RunState:
             out[rid] = sum(t1 - t0 for t0, t1 in work) / self._observed_ms(rid)
         return out
 
+    def rollout_work_share(self) -> dict[str, float]:
+        """Share of each resource's time its engine ran requests (the union of its call segments):
+        on a train-capable resource, what it did while lent to rollout."""
+        return {rid: sum(t1 - t0 for t0, t1 in merge_spans(self.generating.get(rid, []))) / self._observed_ms(rid)
+                for rid in self.activity}
+
     def apply(self, event: ev.Event) -> None:
         self.end_ms = max(self.end_ms, event.ts_ms)
         if isinstance(event, ev.TrainStepCompleted):

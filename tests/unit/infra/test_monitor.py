@@ -44,6 +44,7 @@ def test_a_rollout_tag_without_requests_is_tagged_busy_but_not_measured_work() -
     assert state.end_ms == 1000
     assert state.utilisation() == {"r0": (1.0, 0.0), "r1": (0.95, 0.05)}
     assert state.work_share() == {"r0": pytest.approx(0.6), "r1": pytest.approx(0.5)}
+    assert state.rollout_work_share() == {"r0": pytest.approx(0.6), "r1": pytest.approx(0.2)}  # r1's engine: 100..300
 
 
 def test_calls_in_no_trajectory_are_tracked_whichever_topic_comes_first() -> None:
