@@ -42,18 +42,20 @@ Rules (each decision's numbers go into its `reason`):
   missing will be complete before the ready ones are trained; at once when training is the
   bottleneck (`train_bound`: a batch's training fills most of the step period, every second off it
   is lost); idle trainers start unless lending them pays (the lend rule);
-* lend: a train-capable resource free after a step goes back to rollout when the window until the
-  next step need start exceeds the round trip plus the re-prefill of the requests it will hold when
-  taken back, ``window_s > return_s + switch_s + reprefill_s``, the window being the stragglers' rest
-  less the training of the ready groups (the step can start that late and still have trained them
-  when the rest arrives). The re-prefill is priced from the observed train speed (a prefilled token
-  is a third of a trained one's FLOPs) on the rollout resources' peak FLOP/s, in seconds of the lent
-  device's decoding (HBM bandwidth ratio): on a mixed pool a slow-decoding trainer (an A100 among
-  H20s) brings less than the re-prefill it causes costs the others. The window counts at what the
-  lent resource's rollout is worth (`lend_value_share`): a whole resource when it gets new work
-  (slot bound); when the staleness budget bounds the running requests, only what spreading them
-  over one more resource saves (the KV-cache share of a decode iteration, from the observed
-  in-flight context and `SchedulerSettings.kv_balance_tokens`), which short contexts make small;
+* lend: a train-capable resource free after a step goes back to rollout when the window until the next
+  step need start exceeds the round trip plus the re-prefill of the requests it will hold when taken
+  back, ``window_s > return_s + switch_s + reprefill_s``, the window being the stragglers' rest less the
+  training of the ready groups (the step can start that late and still have trained them when the rest
+  arrives), or, when training is the bottleneck (the start rule then starts a step on
+  its first micro-batch), the time until the first micro-batch is ready. The re-prefill is priced from
+  the observed train speed (a prefilled token is a third of a trained one's FLOPs) on the rollout
+  resources' peak FLOP/s, in seconds of the lent device's decoding (HBM bandwidth ratio): on a mixed
+  pool a slow-decoding trainer (an A100 among H20s) brings less than the re-prefill it causes costs the
+  others. The window counts at what the lent resource's rollout is worth (`lend_value_share`): a whole
+  resource when it gets new work (slot bound); when the staleness budget bounds the running requests,
+  only what spreading them over one more resource saves (the KV-cache share of a decode iteration, from
+  the observed in-flight context and `SchedulerSettings.kv_balance_tokens`), which short contexts make
+  small;
 * the in-flight context: each completed sample held on average half its tokens over its latency
   (dispatch to `SampleCompleted`); summed over a step period and divided by it, the context the
   running requests held on average;
@@ -309,13 +311,16 @@ def lend_verdict(
     value_share: float = 1.0,
     first_s: float | None = None,
     rest_s: float | None = None,
+    starts_on_first: bool = False,
 ) -> Verdict:
     """Lend a free train-capable resource to rollout? Pays when the expected window until the next
     step starts exceeds the round trip (return load + switch into training again) plus the re-prefill
     of the requests it will hold when taken back (`held`). The next step starts once its first
     micro-batch is ready (`missing_first` groups away) and the rest of the batch (`missing_all`) will
     be done while the batch (those and the `ready` ones) trains (`first_s`, `rest_s`: read from the
-    groups rolling out; None: the rate's). `value_share`: see `lend_value_share`."""
+    groups rolling out; None: the rate's); when training is the bottleneck (`starts_on_first`: the
+    start rule starts a step as soon as it has data, see `train_bound`) the window ends with the first
+    micro-batch. `value_share`: see `lend_value_share`."""
     first = est.seconds_for(missing_first) if first_s is None else first_s
     rest = est.rest_s(missing_all) if rest_s is None else rest_s
     trip = est.round_trip_s(switch_s)
@@ -323,7 +328,7 @@ def lend_verdict(
     if first is None or rest is None or speed is None or est.group_tokens is None or trip is None:
         return Verdict(True, None, None, "lend")
     train = est.group_tokens * ready / speed
-    window = max(first, rest - (switch_s + train))
+    window = first if starts_on_first else max(first, rest - (switch_s + train))
     prefill = reprefill_s(est, held)
     cost = trip + prefill
     worth = window * value_share

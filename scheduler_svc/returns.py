@@ -116,12 +116,14 @@ class ReturnPlanner(ABC):
         ready = len(self.loader.ready)
         fed = self.train_fed or 0
         ages, barrier = self._rolling_out_ages()
+        capable = len(self.trainers())
         return lend_verdict(
             self.estimates,
+            starts_on_first=train_bound(self.estimates, capable=capable, batch_groups=self.batch_groups).take,
             missing_first=self.microbatch_groups - ready - fed,
             missing_all=self.batch_groups - ready - fed,
             ready=ready + fed,
-            resources=len(self.trainers()),
+            resources=capable,
             switch_s=self.settings.switch_estimate_s,
             held=self._reprefill(),
             value_share=self._value_share(),

@@ -241,6 +241,18 @@ def test_the_lend_window_is_the_stragglers_rest_less_the_ready_groups_training()
     assert v.take and v.benefit_s == pytest.approx(40.0 - 4.0 - 10.0)
 
 
+def test_when_training_is_the_bottleneck_the_lend_window_ends_with_the_first_micro_batch() -> None:
+    """A train-bound step starts as soon as it has data (`train_bound`): the 8 groups of its first
+    micro-batch, 16 s away at 0.5 groups/s, end the window whatever the rest of the batch needs."""
+    est = observed(2.0)
+    v = lend_verdict(est, missing_first=8, missing_all=60, ready=0, resources=2, switch_s=4.0, starts_on_first=True)
+    assert v.take and v.benefit_s == pytest.approx(16.0)
+    v = lend_verdict(est, missing_first=4, missing_all=60, ready=0, resources=2, switch_s=4.0, starts_on_first=True)
+    assert not v.take and v.benefit_s == pytest.approx(8.0)  # less than the 11 s round trip
+    slack = lend_verdict(est, missing_first=4, missing_all=60, ready=0, resources=2, switch_s=4.0)
+    assert slack.take and slack.benefit_s == pytest.approx(120.0 - 4.0)  # not train bound: the rest's window
+
+
 def test_the_in_flight_context_is_measured_from_the_samples_latencies_and_lengths() -> None:
     """Steps end at 0 and 40 s; two samples dispatched at 0 finish at 10 s (1,000 tokens) and 20 s
     (2,000): each held on average half its context over its latency, so the period's running
