@@ -339,7 +339,13 @@ def lend_verdict(
 
 
 def lend_value_share(
-    est: Estimates, *, slot_bound: bool, serving: int, alive: int, kv_balance_tokens: float | None
+    est: Estimates,
+    *,
+    slot_bound: bool,
+    serving: int,
+    alive: int,
+    kv_balance_tokens: float | None,
+    decode_ratio: float = 1.0,
 ) -> float:
     """The share of a whole resource's rollout that lending one more brings (1: all of it).
 
@@ -352,11 +358,15 @@ def lend_value_share(
     resource. Then the running requests set the period of the whole pipeline (the next batch waits
     for them), so that cut is worth as much on every `alive` resource: the share is
     ``kv_share * alive / (serving + 1)``, at most 1. Short contexts make it small (a lent resource
-    adds little but its round trip), long ones large."""
+    adds little but its round trip), long ones large. A lent resource that decodes slower than the
+    serving ones (`decode_ratio`: their HBM bandwidth over its own, > 1) runs the requests spread onto
+    it that much slower, so it saves that much less (randomized draws with A100 trainers among H20s
+    lent at a loss: 0.960x -> 0.988x, 0.945x -> 0.995x of the best other pipeline)."""
     if slot_bound or kv_balance_tokens is None or serving < 1 or est.inflight_context is None:
         return 1.0
     context = est.inflight_context / serving
-    return min(1.0, alive / (serving + 1) * context / (context + kv_balance_tokens))
+    share = min(1.0, alive / (serving + 1) * context / (context + kv_balance_tokens))
+    return share / max(1.0, decode_ratio)
 
 
 def train_bound(est: Estimates, *, capable: int, batch_groups: int) -> Verdict:

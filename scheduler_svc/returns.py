@@ -117,6 +117,7 @@ class ReturnPlanner(ABC):
         fed = self.train_fed or 0
         ages, barrier = self._rolling_out_ages()
         capable = len(self.trainers())
+        held = self._reprefill()
         return lend_verdict(
             self.estimates,
             starts_on_first=train_bound(self.estimates, capable=capable, batch_groups=self.batch_groups).take,
@@ -125,8 +126,8 @@ class ReturnPlanner(ABC):
             ready=ready + fed,
             resources=capable,
             switch_s=self.settings.switch_estimate_s,
-            held=self._reprefill(),
-            value_share=self._value_share(),
+            held=held,
+            value_share=self._value_share(1.0 if held is None else held.decode_ratio),
             first_s=arrival_s(self.estimates.latencies, ages, self.microbatch_groups - ready - fed),
             rest_s=arrival_s(self.estimates.latencies, ages, self.batch_groups - ready - fed, barrier),
         )
@@ -147,7 +148,7 @@ class ReturnPlanner(ABC):
                 barrier.append(now - g.dispatched_at)
         return ages, barrier
 
-    def _value_share(self) -> float:
+    def _value_share(self, decode_ratio: float) -> float:
         """What a lent resource's rollout is worth (`scheduler_svc.lending.lend_value_share`): slot
         bound when the staleness budget would dispatch more samples than the serving resources have
         free slots for (the lent one gets its share of new work), else budget bound."""
@@ -159,6 +160,7 @@ class ReturnPlanner(ABC):
             serving=serving,
             alive=len(self.pool.alive()),
             kv_balance_tokens=self.settings.kv_balance_tokens,
+            decode_ratio=decode_ratio,
         )
 
     def _reprefill(self) -> Reprefill | None:

@@ -290,6 +290,19 @@ def test_a_lent_resource_is_worth_what_spreading_the_running_requests_saves_when
     assert lend_value_share(observed(2.0), slot_bound=False, serving=4, alive=12, kv_balance_tokens=110_000) == 1
 
 
+def test_a_slow_decoding_lent_resource_spreading_the_running_requests_is_worth_its_decode_speed() -> None:
+    """An A100 (2.0 TB/s) lent among H20s (4.0 TB/s): the requests moved onto it decode at half the
+    others' speed, so spreading them there saves half as much (0.2 -> 0.1 of a resource). A faster
+    decoder is not counted above the even share, and slot bound it is a whole resource of its own kind
+    (the window and the round trip are both in its seconds)."""
+    est = with_context(40_000)
+    even = lend_value_share(est, slot_bound=False, serving=4, alive=12, kv_balance_tokens=110_000)
+    slow = lend_value_share(est, slot_bound=False, serving=4, alive=12, kv_balance_tokens=110_000, decode_ratio=2.0)
+    fast = lend_value_share(est, slot_bound=False, serving=4, alive=12, kv_balance_tokens=110_000, decode_ratio=0.5)
+    assert slow == pytest.approx(even / 2) and fast == pytest.approx(even)
+    assert lend_value_share(est, slot_bound=True, serving=4, alive=12, kv_balance_tokens=110_000, decode_ratio=2.0) == 1
+
+
 def test_do_not_lend_into_a_budget_bound_rollout_of_short_contexts() -> None:
     """A 60 s window beats the 11 s round trip when the lent resource rolls out as a whole one; when
     the staleness budget bounds the running requests and it is worth 0.1 of one, 6 s do not."""
