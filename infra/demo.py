@@ -37,7 +37,7 @@ from infra.prometheus import write_scrape_config
 from infra.run_config import RunConfig, RunSection
 from infra.run_inputs import RunPaths, prepare_model, write_eval_tasks, write_tasks
 from infra.scalars import ScalarWriter
-from infra.summary import summarise
+from infra.summary import StopReason, summarise
 
 log = logging.getLogger("sflow.demo")
 console = Console()
@@ -279,19 +279,19 @@ def inject(fault: Fault, launcher: Launcher, cluster: KafkaCluster) -> None:
     log.warning("fault injected", extra={"target": fault.target, "at_step": fault.at_step})
 
 
-def stop_reason(state: RunState, run: RunSection, now_ms: int, since_ms: int) -> str | None:
+def stop_reason(state: RunState, run: RunSection, now_ms: int, since_ms: int) -> StopReason | None:
     """Why a run that `follow` has watched since `since_ms` ends now, or None while it goes on."""
     if state.steps >= run.max_steps:
-        return "max_steps"
+        return StopReason.MAX_STEPS
     if now_ms - since_ms >= run.max_minutes * 60_000:
-        return "max_minutes"
+        return StopReason.MAX_MINUTES
     if now_ms - max(state.progress_ms, since_ms) >= run.stall_minutes * 60_000:
-        return "stalled"
+        return StopReason.STALLED
     return None
 
 
 def follow(config: RunConfig, monitor: RunMonitor, launcher: Launcher, cluster: KafkaCluster,
-           faults: Sequence[Fault] = ()) -> str:
+           faults: Sequence[Fault] = ()) -> StopReason:
     """Progress bars until the run has done its steps, its time is up or it stalled; returns which."""
     since_ms = int(time.time() * 1000)
     pending = sorted(faults, key=lambda f: f.at_step)
@@ -312,7 +312,7 @@ def follow(config: RunConfig, monitor: RunMonitor, launcher: Launcher, cluster: 
             if reason := stop_reason(s, config.run, int(time.time() * 1000), since_ms):
                 break
             time.sleep(1.0)
-    if reason == "stalled":
+    if reason == StopReason.STALLED:
         log.warning("run stalled: nothing completed, stopping it", extra={
             "steps": s.steps, "stall_minutes": config.run.stall_minutes})
     return reason

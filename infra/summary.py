@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+from enum import StrEnum
 
 from rich.console import Console
 from rich.table import Table
@@ -21,11 +22,19 @@ log = logging.getLogger("sflow.demo")
 console = Console()
 
 
-ENDED_BY = {"max_steps": "run.max_steps reached", "max_minutes": "run.max_minutes reached",
-            "stalled": "stall: nothing completed for run.stall_minutes (task stream exhausted?)"}
+class StopReason(StrEnum):
+    """Why a run ended (`summary.json`'s `ended_by`)."""
+
+    MAX_STEPS = "max_steps"  # it trained `run.max_steps` steps: the normal end
+    MAX_MINUTES = "max_minutes"  # its wall-time budget `run.max_minutes` ran out first
+    STALLED = "stalled"  # nothing completed for `run.stall_minutes` (the task stream ran out, or a fault)
 
 
-def summarise(config: RunConfig, paths: RunPaths, monitor: RunMonitor, ended_by: str) -> None:
+ENDED_BY = {StopReason.MAX_STEPS: "run.max_steps reached", StopReason.MAX_MINUTES: "run.max_minutes reached",
+            StopReason.STALLED: "stall: nothing completed for run.stall_minutes (task stream exhausted?)"}
+
+
+def summarise(config: RunConfig, paths: RunPaths, monitor: RunMonitor, ended_by: StopReason) -> None:
     from infra.charts import draw_charts
 
     s = monitor.snapshot()
