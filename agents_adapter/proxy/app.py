@@ -267,7 +267,7 @@ def _session_routes(book: SessionBook, gate: RequestGate) -> APIRouter:
     @router.post("/v1/sessions/{session_id}/end", response_model=None, openapi_extra=body_doc(EndSessionRequest))
     async def end_session(session_id: str, request: Request) -> Response:
         agent = gate.agent_of(request)
-        req = await gate.parse_body(request, EndSessionRequest)
+        req, _ = await gate.parse_sized_body(request, EndSessionRequest)
         result = await book.end_session(agent, session_id, req.reward, req.status,
                                         task_id=request.headers.get("x-task-id", ""),
                                         group_id=request.headers.get("x-group-id", ""))
@@ -276,7 +276,7 @@ def _session_routes(book: SessionBook, gate: RequestGate) -> APIRouter:
     @router.post("/v1/sessions/{session_id}/reward", openapi_extra=body_doc(RewardRequest))
     async def report_reward(session_id: str, request: Request) -> dict[str, Any]:
         agent = gate.agent_of(request)
-        req = await gate.parse_body(request, RewardRequest)
+        req, _ = await gate.parse_sized_body(request, RewardRequest)
         return await book.report_reward(agent, session_id, req.reward, req.status)
 
     return router
@@ -293,7 +293,7 @@ def _admin_routes(service: AdapterService, gate: RequestGate) -> APIRouter:
     @router.post("/admin/drain", openapi_extra=body_doc(DrainRequest))
     async def admin_drain(request: Request) -> dict[str, Any]:
         gate.require_admin(request)
-        req = await gate.parse_body(request, DrainRequest)
+        req, _ = await gate.parse_sized_body(request, DrainRequest)
         return await service.book.drain(req.stop_accepting, req.timeout_s, req.end_sessions)
 
     return router

@@ -162,9 +162,6 @@ class RequestGate:
             if not inflight[agent]:
                 del inflight[agent]
 
-    async def parse_body(self, request: Request, model: type[_M]) -> _M:
-        return (await self.parse_sized_body(request, model))[0]
-
     async def parse_sized_body(self, request: Request, model: type[_M]) -> tuple[_M, int]:
         """The body as `model`, and its size in bytes (what decides whether its prompt is built off the loop)."""
         raw = await read_body(request, self.config.max_body_bytes)
