@@ -1,0 +1,44 @@
+"""bench/pipeline_e2e.py's jobs: the same demo job twice, only the policy (and what it implies) differs."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from infra.run_config import RunConfig
+from infra.run_inputs import warmup_cache_key
+
+pytestmark = pytest.mark.unit
+
+
+def _bench() -> ModuleType:
+    path = Path(__file__).resolve().parents[3] / "bench" / "pipeline_e2e.py"
+    spec = importlib.util.spec_from_file_location("pipeline_e2e", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["pipeline_e2e"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+pipeline_e2e = _bench()
+
+
+def test_the_colocated_baseline_is_on_policy_on_every_resource_and_the_rest_is_the_same_job() -> None:
+    colocated: RunConfig = pipeline_e2e.job("colocated", 16)
+    spatiotemporal: RunConfig = pipeline_e2e.job("spatiotemporal", 16)
+    assert colocated.scheduler.policy == "colocated" and colocated.scheduler.max_staleness == 0
+    assert all(set(r.capabilities) == {"rollout", "train"} for r in colocated.inference.resources)
+    assert spatiotemporal.scheduler.policy == "spatiotemporal" and spatiotemporal.scheduler.max_staleness >= 1
+    assert [r.id for r in spatiotemporal.inference.resources if "train" in r.capabilities] == ["r1"]
+    a, b = colocated, spatiotemporal
+    assert a.run.max_steps == b.run.max_steps == 16
+    assert not a.eval.enabled and not b.eval.enabled
+    assert warmup_cache_key(a) == warmup_cache_key(b)  # one model, one warm-up for both
+    assert a.tasks == b.tasks and a.agent == b.agent and a.trainer == b.trainer
+    assert a.scheduler.train_batch_groups == b.scheduler.train_batch_groups
+    assert a.scheduler.samples_per_task == b.scheduler.samples_per_task
