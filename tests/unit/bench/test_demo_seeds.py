@@ -2,33 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
-
 import pytest
 
 from infra.monitor import RunState
 from infra.run_config import RunConfig
 from infra.run_inputs import warmup_cache_key
 from schemas import events as ev
+from tests.unit.bench.bench_modules import load_bench
 from tests.unit.infra.run_configs import DEMO
 
 pytestmark = pytest.mark.unit
 
 
-def _bench() -> ModuleType:
-    path = Path(__file__).resolve().parents[3] / "bench" / "demo_seeds.py"
-    spec = importlib.util.spec_from_file_location("demo_seeds", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["demo_seeds"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-demo_seeds = _bench()
+demo_seeds = load_bench("demo_seeds")
 
 
 def test_seeds_vary_the_sampling_seed_and_share_the_base_warm_up() -> None:

@@ -2,30 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
-
 import pytest
 
 from infra.run_config import RunConfig
 from infra.run_inputs import warmup_cache_key
+from tests.unit.bench.bench_modules import load_bench
 
 pytestmark = pytest.mark.unit
 
 
-def _bench() -> ModuleType:
-    path = Path(__file__).resolve().parents[3] / "bench" / "pipeline_e2e.py"
-    spec = importlib.util.spec_from_file_location("pipeline_e2e", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["pipeline_e2e"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-pipeline_e2e = _bench()
+pipeline_e2e = load_bench("pipeline_e2e")
 
 
 def test_the_colocated_baseline_is_on_policy_on_every_resource_and_the_rest_is_the_same_job() -> None:
