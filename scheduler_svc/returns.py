@@ -17,14 +17,15 @@ from scheduler_svc.decisions import (
     TagTransition,
     WeightSyncStarted,
 )
+from scheduler_svc.estimates import Estimates
 from scheduler_svc.lending import (
     LEND_DECLINED,
-    Estimates,
     Reprefill,
     Verdict,
     lend_value_share,
     lend_verdict,
     start_verdict,
+    take_count,
     train_bound,
 )
 from scheduler_svc.loader import StreamingDataLoader
@@ -185,6 +186,17 @@ class ReturnPlanner(ABC):
             peak_ratio=mean([d.peak_tflops for d in trainers]) / mean([d.peak_tflops for d in others]),
             decode_ratio=mean([d.hbm_tb_per_s for d in others]) / mean([d.hbm_tb_per_s for d in trainers]),
         )
+
+    def _take(self, trainers: tuple[str, ...]) -> tuple[tuple[str, ...], str]:
+        """The train-capable resources the next step takes (adaptive policies, see
+        `scheduler_svc.lending.take_count`): best `train_priority` first, and among equals the ones
+        not rolling out (taking them preempts nothing)."""
+        n, reason = take_count(self.estimates, capable=len(trainers), batch_groups=self.settings.train_batch_groups)
+        ranked = sorted(
+            (self.pool.get(rid) for rid in trainers),
+            key=lambda r: (-r.train_priority, r.activity == ROLLOUT, r.registered_seq),
+        )
+        return tuple(r.resource_id for r in ranked[:n]), reason
 
     def _start_verdict(self, trainers: tuple[str, ...], capable: int, ready: int, ready_tokens: int) -> Verdict:
         """Start a step on a partial batch (`ready` groups) now? At once when training is the

@@ -63,7 +63,7 @@ from scheduler_svc.decisions import (
     WeightSyncCompleted,
     WeightSyncStarted,
 )
-from scheduler_svc.lending import Estimates, observe, take_count
+from scheduler_svc.estimates import Estimates, observe
 from scheduler_svc.loader import GroupState, StreamingDataLoader
 from scheduler_svc.policies import StragglerRule, TagPolicy
 from scheduler_svc.pool import ResourcePool
@@ -262,17 +262,6 @@ class RolloutManager(ReturnPlanner):
         for d in plan:
             emit(d)
         self._feed(emit, assignment_id, step, chosen, final)
-
-    def _take(self, trainers: tuple[str, ...]) -> tuple[tuple[str, ...], str]:
-        """The train-capable resources the next step takes (adaptive policies, see
-        `scheduler_svc.lending.take_count`): best `train_priority` first, and among equals the ones
-        not rolling out (taking them preempts nothing)."""
-        n, reason = take_count(self.estimates, capable=len(trainers), batch_groups=self.settings.train_batch_groups)
-        ranked = sorted(
-            (self.pool.get(rid) for rid in trainers),
-            key=lambda r: (-r.train_priority, r.activity == ROLLOUT, r.registered_seq),
-        )
-        return tuple(r.resource_id for r in ranked[:n]), reason
 
     def feed_train(self, emit: Emit) -> None:
         """Stream further micro-batches into the running step."""

@@ -19,13 +19,12 @@ from scheduler_svc.decisions import (
     TrainStepCompleted,
     WeightsLoaded,
 )
+from scheduler_svc.estimates import Estimates, observe
 from scheduler_svc.lending import (
     LEND_DECLINED,
-    Estimates,
     Reprefill,
     lend_value_share,
     lend_verdict,
-    observe,
     reprefill_s,
     start_verdict,
     take_count,
