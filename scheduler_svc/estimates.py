@@ -21,17 +21,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from scheduler_svc.decisions import (
-    Assignment,
-    LoadWeights,
-    SampleCompleted,
-    TaskAborted,
-    TaskCompleted,
-    TaskDispatched,
-    TrainData,
-    TrainStepCompleted,
-    WeightsLoaded,
-)
+from scheduler_svc import decisions as d
 from scheduler_svc.tags import TRAIN
 
 #: completions over which the production rate is measured (a micro-batch's worth is enough to react)
@@ -191,26 +181,26 @@ def observe(
 ) -> None:
     """Update the estimates from one record of the log (`step_tokens`/`step_resources`: the running
     step's, read before a TrainStepCompleted clears it; `batch_groups`: B)."""
-    if isinstance(record, TaskCompleted):
+    if isinstance(record, d.TaskCompleted):
         est.group_done(now, record.n_tokens)
         started = est.dispatched_at.pop(record.group_id, None)
         if started is not None:
             est.latencies.append(now - started)
-    elif isinstance(record, TaskDispatched):
+    elif isinstance(record, d.TaskDispatched):
         est.dispatched_at[record.group_id] = now
-    elif isinstance(record, TaskAborted):
+    elif isinstance(record, d.TaskAborted):
         est.dispatched_at.pop(record.group_id, None)
-    elif isinstance(record, SampleCompleted):
+    elif isinstance(record, d.SampleCompleted):
         est.sample_done(record.t, record.group_id, record.n_tokens)
-    elif isinstance(record, Assignment) and record.task_kind == TRAIN:
+    elif isinstance(record, d.Assignment) and record.task_kind == TRAIN:
         est.step_started_at(now)
-    elif isinstance(record, TrainData):
+    elif isinstance(record, d.TrainData):
         if record.final:
             est.final_fed = (now, sum(n for _, n in record.token_lags))
         est.fed(now, len(record.group_ids), record.final, batch_groups)
-    elif isinstance(record, TrainStepCompleted):
+    elif isinstance(record, d.TrainStepCompleted):
         est.step_done(record.t, step_tokens, step_resources)
-    elif isinstance(record, LoadWeights):
+    elif isinstance(record, d.LoadWeights):
         est.load_sent(record.resource_id, now, record.cause in RETURN_CAUSES)
-    elif isinstance(record, WeightsLoaded):
+    elif isinstance(record, d.WeightsLoaded):
         est.loaded(record.resource_id, record.t)
