@@ -48,11 +48,9 @@ def measures(result: RunResult) -> dict[str, float]:
     busy = sum(b for b, _ in util.values()) / max(1, len(util))
     idle = sum(i for _, i in util.values()) / max(1, len(util))
     work = s.work_share()
-    rollout = s.rollout_work_share()
     return {"tokens/s": s.mean_tokens_per_s, "samples/s": s.trajectories / span_s, "utilisation": busy,
             "work": sum(work.values()) / max(1, len(work)), "bubble": idle, "steps": float(s.steps),
-            "spanning": float(s.calls_spanning_update), "calls": float(s.calls),
-            **{f"rollout {rid}": share for rid, share in sorted(rollout.items())}}
+            "spanning": float(s.calls_spanning_update), "calls": float(s.calls)}
 
 
 def main() -> None:
@@ -64,13 +62,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         cluster = KafkaCluster(Path(tmp) / "kafka", nodes=1, base_port=free_base_port())
         cluster.start()
+        jobs = {p: job(p, args.steps) for p in ("colocated", "spatiotemporal")}
         try:
-            results = {p: measures(run(job(p, args.steps), runs_root=Path(tmp), cluster=cluster))
-                       for p in ("colocated", "spatiotemporal")}
+            runs = {p: run(config, runs_root=Path(tmp), cluster=cluster) for p, config in jobs.items()}
         finally:
             cluster.stop()
+    results = {p: measures(r) for p, r in runs.items()}
+    rollout = {p: r.state.rollout_work_share() for p, r in runs.items()}
+    rids = sorted({rid for shares in rollout.values() for rid in shares})
     table = Table(title=f"same job, {args.steps} train steps, 2 resources on 2 cores")
-    rids = sorted({k.removeprefix("rollout ") for m in results.values() for k in m if k.startswith("rollout ")})
     for col in ("pipeline", "tokens/s", "samples/s", "tagged busy", "measured work", "bubble", "steps",
                 "calls spanning an update", *(f"rollout work {rid}" for rid in rids)):
         table.add_column(col, justify="right")
@@ -78,9 +78,9 @@ def main() -> None:
         table.add_row(name, f"{m['tokens/s']:.1f}", f"{m['samples/s']:.2f}", f"{m['utilisation']:.0%}",
                       f"{m['work']:.0%}", f"{m['bubble']:.0%}", f"{m['steps']:.0f}",
                       f"{m['spanning']:.0f} / {m['calls']:.0f}",
-                      *(f"{m.get(f'rollout {rid}', 0.0):.0%}" for rid in rids))
+                      *(f"{rollout[name].get(rid, 0.0):.0%}" for rid in rids))
     console.print(table)
-    capable = [r.id for r in job("spatiotemporal", args.steps).inference.resources if "train" in r.capabilities]
+    capable = [r.id for r in jobs["spatiotemporal"].inference.resources if "train" in r.capabilities]
     print(f"rollout work: share of a resource's time its engine ran requests; train-capable in the spatiotemporal "
           f"run: {', '.join(capable)} (its rollout work there is what it did while lent between steps)")
     ratio = results["spatiotemporal"]["tokens/s"] / max(1e-9, results["colocated"]["tokens/s"])

@@ -198,15 +198,17 @@ class RunState:
         out: dict[str, float] = {}
         for rid in self.activity:
             training = [span for span, act in self._activities(rid) if act == "train"]
-            work = merge_spans([*self.generating.get(rid, []), *intersect_spans(self.train_spans, training)])
-            out[rid] = sum(t1 - t0 for t0, t1 in work) / self._observed_ms(rid)
+            out[rid] = self._share(rid, [*self.generating.get(rid, []), *intersect_spans(self.train_spans, training)])
         return out
 
     def rollout_work_share(self) -> dict[str, float]:
         """Share of each resource's time its engine ran requests (the union of its call segments):
         on a train-capable resource, what it did while lent to rollout."""
-        return {rid: sum(t1 - t0 for t0, t1 in merge_spans(self.generating.get(rid, []))) / self._observed_ms(rid)
-                for rid in self.activity}
+        return {rid: self._share(rid, self.generating.get(rid, [])) for rid in self.activity}
+
+    def _share(self, rid: str, spans: list[Span]) -> float:
+        """The share of `rid`'s observed time that the union of `spans` covers."""
+        return sum(t1 - t0 for t0, t1 in merge_spans(spans)) / self._observed_ms(rid)
 
     def apply(self, event: ev.Event) -> None:
         self.end_ms = max(self.end_ms, event.ts_ms)

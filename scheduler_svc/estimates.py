@@ -54,8 +54,7 @@ class Estimates:
     load_s: float | None = None  # longest observed weight load (the return's prior)
     data_span_s: float | None = None  # the last step's start to its final TrainData: its batch's arrival
     last_step_end: float | None = None
-    step_interval_s: float | None = None  # between the last two TrainStepCompleted
-    intervals: deque[float] = field(default_factory=lambda: deque(maxlen=PERIOD_WINDOW))  # the last periods
+    intervals: deque[float] = field(default_factory=lambda: deque(maxlen=PERIOD_WINDOW))  # the last step periods
     tail_bias: float = 1.0  # observed stragglers' rest / its rate-based prediction (the long tail's factor)
     first_fed: tuple[float, float] | None = None  # the running step's first partial TrainData: (time, rest predicted)
     dispatched_at: dict[str, float] = field(default_factory=dict)  # group -> its dispatch time, while rolling out
@@ -96,9 +95,8 @@ class Estimates:
 
     def step_done(self, t: float, tokens: int, resources: int) -> None:
         if self.last_step_end is not None and t > self.last_step_end:
-            self.step_interval_s = t - self.last_step_end
-            self.intervals.append(self.step_interval_s)
-            self.inflight_context = self.context_area / self.step_interval_s
+            self.intervals.append(t - self.last_step_end)
+            self.inflight_context = self.context_area / self.intervals[-1]
         self.context_area = 0.0
         self.last_step_end = t
         started, final, self.step_started, self.final_fed = self.step_started, self.final_fed, None, None
@@ -142,6 +140,11 @@ class Estimates:
         if groups <= 0:
             return 0.0
         return None if rate is None else groups / rate
+
+    @property
+    def step_interval_s(self) -> float | None:
+        """Between the last two TrainStepCompleted."""
+        return self.intervals[-1] if self.intervals else None
 
     @property
     def period_s(self) -> float | None:

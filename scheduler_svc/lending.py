@@ -35,15 +35,15 @@ Rules (each decision's numbers go into its `reason`):
   step need start exceeds the round trip plus the re-prefill of the requests it will hold when taken
   back, ``window_s > return_s + switch_s + reprefill_s``, the window being the stragglers' rest less the
   training of the ready groups (the step can start that late and still have trained them when the rest
-  arrives), or, when training is the bottleneck (the start rule then starts a step on
-  its first micro-batch), the time until the first micro-batch is ready. The re-prefill is priced from
-  the observed train speed (a prefilled token is a third of a trained one's FLOPs) on the rollout
-  resources' peak FLOP/s, in seconds of the lent device's decoding (HBM bandwidth ratio): on a mixed
-  pool a slow-decoding trainer (an A100 among H20s) brings less than the re-prefill it causes costs the
-  others. The window counts at what the lent resource's rollout is worth (`lend_value_share`): a whole
-  resource when it gets new work (slot bound); when the staleness budget bounds the running requests,
-  only what spreading them over one more resource saves (the KV-cache share of a decode iteration, from
-  the observed in-flight context and `SchedulerSettings.kv_balance_tokens`), which short contexts make
+  arrives), or, when training is the bottleneck (the start rule then starts a step on its first
+  micro-batch), the time until the first micro-batch is ready. The re-prefill is priced from the
+  observed train speed (a prefilled token is a third of a trained one's FLOPs) on the rollout resources'
+  peak FLOP/s, in seconds of the lent device's decoding (HBM bandwidth ratio): on a mixed pool a
+  slow-decoding trainer (an A100 among H20s) brings less than the re-prefill it causes costs the others.
+  The window counts at what the lent resource's rollout is worth (`lend_value_share`): a whole resource
+  when it gets new work (slot bound); when the staleness budget bounds the running requests, only what
+  spreading them over one more resource saves (the KV-cache share of a decode iteration, from the
+  observed in-flight context and `SchedulerSettings.kv_balance_tokens`), which short contexts make
   small;
 * the in-flight context: each completed sample held on average half its tokens over its latency
   (dispatch to `SampleCompleted`); summed over a step period and divided by it, the context the
