@@ -17,6 +17,11 @@ own process. Then, in one run:
   2. capacity: `--open-sessions` (1,000) sessions, all in flight at once, two turns each; errors are
      counted and the proxy's resident memory (RSS) is reported before and after.
 
+The floor: `bench/proxy_floor.py`, a server doing only what no proxy with these guarantees can skip (the same
+server stack, one engine request, one store transaction, one Kafka record with acks=all, a JSON reply), is run
+through the same back-to-back session; its CPU per call is printed under the proxy's, and what the proxy spends
+above it is the cost of templating, token-in/token-out, validation, typed events and session bookkeeping.
+
 First, right after start-up: the proxy's RSS (at most 250 MB: it imports no torch) and whether torch
 is mapped into its process.
 
@@ -46,6 +51,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -58,10 +64,12 @@ sys.path.insert(0, str(REPO))
 from agents_adapter.proxy.chat_codec import ChatCodec  # noqa: E402
 from bus.admin import ensure_topics  # noqa: E402
 from bus.config import BusConfig  # noqa: E402
+from bus.topics import TopicSpec  # noqa: E402
 from inference_svc.default_model import create_default_model  # noqa: E402
 from infra.kafka.cluster import KafkaCluster, free_base_port  # noqa: E402
 
 KEY = "bench-key"
+FLOOR_TOPIC = "bench.floor"
 ADMIN = "bench-admin"
 WORDS = ("alpha", "beta", "gamma", "delta", "sum", "of", "twelve", "and", "seven", "please", "compute", "then")
 
@@ -199,6 +207,7 @@ def main() -> None:
             bootstrap = cluster.bootstrap_servers
         bus = BusConfig(bootstrap_servers=bootstrap, topic_prefix=f"bench{os.getpid()}.")
         ensure_topics(bus)
+        ensure_topics(bus, [TopicSpec(FLOOR_TOPIC, 1, "call", ())])
         model = create_default_model(work / "model")
         codec = ChatCodec.from_model_dir(model)
         engine_port, proxy_port = free_port(), free_port()
@@ -218,11 +227,16 @@ def main() -> None:
                            threads | {"SFLOW_ADAPTER_API_KEYS": f"bench={KEY}", "SFLOW_ADAPTER_ADMIN_KEY": ADMIN},
                            proxy_log))
         engine_url, proxy_url = f"http://127.0.0.1:{engine_port}", f"http://127.0.0.1:{proxy_port}"
+        floor_port, floor_log = free_port(), work / "floor.log"
+        procs.append(start(["bench/proxy_floor.py", "--port", str(floor_port), "--engine", engine_url,
+                            "--bootstrap-servers", bootstrap, "--topic", bus.topic(FLOOR_TOPIC)], threads, floor_log))
         wait_http(f"{engine_url}/model_info", procs[0], engine_log)
         wait_http(f"{proxy_url}/health", procs[1], proxy_log)
+        floor = Floor(f"http://127.0.0.1:{floor_port}", psutil.Process(procs[2].pid))
+        wait_http(floor.url, procs[2], floor_log)
         proxy_proc = psutil.Process(procs[1].pid)
         startup_footprint(proxy_proc)
-        asyncio.run(measure(args, codec, engine_url, proxy_url, model.name, proxy_proc))
+        asyncio.run(measure(args, codec, engine_url, proxy_url, model.name, proxy_proc, floor))
         if args.profile:
             print_profile(work / "proxy.prof", args.profile, args.sequential_turns)
     finally:
@@ -260,8 +274,16 @@ def startup_footprint(proxy_proc: psutil.Process) -> None:
     print(f"torch loaded in the proxy: {bool(torch_libs)}" + (f" ({torch_libs[0]} ...)" if torch_libs else ""))
 
 
+@dataclass(frozen=True)
+class Floor:
+    """The floor server (`bench/proxy_floor.py`) and its process."""
+
+    url: str
+    proc: psutil.Process
+
+
 async def measure(args: argparse.Namespace, codec: ChatCodec, engine_url: str, proxy_url: str, model: str,
-                  proxy_proc: psutil.Process) -> None:
+                  proxy_proc: psutil.Process, floor: Floor) -> None:
     limits = httpx.Limits(max_connections=args.open_sessions + 64, max_keepalive_connections=args.open_sessions + 64)
     async with httpx.AsyncClient(timeout=600.0, limits=limits) as http:
 
@@ -276,12 +298,12 @@ async def measure(args: argparse.Namespace, codec: ChatCodec, engine_url: str, p
                 raise RuntimeError(response.text)
             return codec.decode(response.json()["output_ids"]), latency_ms
 
-        def through_proxy(tag: str) -> Turn:
+        def through_proxy(tag: str, url: str = proxy_url) -> Turn:
             async def call(i: int, t: int, messages: list[dict[str, Any]]) -> tuple[str, float]:
                 body = {"model": model, "messages": messages, "max_tokens": 1, "temperature": 0.0}
                 headers = {"Authorization": f"Bearer {KEY}", "X-Session-Id": f"{tag}-{i}"}
                 started = time.perf_counter()
-                response = await http.post(f"{proxy_url}/v1/chat/completions", json=body, headers=headers)
+                response = await http.post(f"{url}/v1/chat/completions", json=body, headers=headers)
                 latency_ms = (time.perf_counter() - started) * 1000
                 if response.status_code != 200:
                     raise RuntimeError(f"HTTP {response.status_code} {_error_code(response)}")
@@ -296,16 +318,18 @@ async def measure(args: argparse.Namespace, codec: ChatCodec, engine_url: str, p
         await asyncio.sleep(3.0)
         idle = {k: v - idle_before.get(k, 0.0) for k, v in thread_cpu(proxy_proc).items()}
         print("proxy CPU while idle, ms/s: " + ", ".join(f"{k} {v / 3:.1f}" for k, v in sorted(idle.items()) if v > 0))
-        ratio = await latency_table(args, direct, through_proxy, proxy_proc)
+        ratio, proxy_cpu_ms = await latency_table(args, direct, through_proxy, proxy_proc)
+        await floor_row(args, through_proxy("floor", floor.url), floor.proc, proxy_cpu_ms)
         await capacity(args, http, through_proxy, proxy_url, proxy_proc)
         print(f"\nratio proxy/direct p50 latency: {ratio:.2f}x")
 
 
 async def latency_table(args: argparse.Namespace, direct: Turn, through_proxy: Callable[[str], Turn],
-                        proxy_proc: psutil.Process) -> float:
-    """Direct vs proxied latency, back to back then concurrent; the last phase's p50 ratio."""
+                        proxy_proc: psutil.Process) -> tuple[float, float]:
+    """Direct vs proxied latency, back to back then concurrent; the last phase's p50 ratio and the proxy's
+    CPU ms per call back to back."""
     print(f"{'':<40}{'calls':>7}{'errors':>7}{'p50 ms':>9}{'p99 ms':>9}{'mean ms':>9}")
-    ratio = 0.0
+    ratio = back_to_back_cpu_ms = 0.0
     for phase, (label, sessions, turns, rounds, think) in enumerate((
         ("1 session, back to back", 1, args.sequential_turns, 2, 0.0),
         (f"{args.sessions} sessions, think U[0,{args.think_ms:.0f}]ms", args.sessions, args.turns, args.rounds,
@@ -338,11 +362,26 @@ async def latency_table(args: argparse.Namespace, direct: Turn, through_proxy: C
               f"   (proxy CPU {cpu_ms / max(1, len(proxy_ms)):.2f} ms/call)")
         ratio = p50 / d50
         if phase == 0:
+            back_to_back_cpu_ms = cpu_ms / max(1, len(proxy_ms))
             print("  proxy CPU by thread, ms/call: " + ", ".join(
                 f"{name} {ms / max(1, len(proxy_ms)):.2f}" for name, ms in by_thread.most_common(6) if ms > 0))
         if args.profile and phase == 0:
             proxy_proc.send_signal(signal.SIGUSR1)
-    return ratio
+    return ratio, back_to_back_cpu_ms
+
+
+async def floor_row(args: argparse.Namespace, floor: Turn, floor_proc: psutil.Process, proxy_cpu_ms: float) -> None:
+    """The floor's CPU per call over the back-to-back session (same conversations, after a warm-up)."""
+    await run_sessions(8, floor, 2, seed=0)
+    before = floor_proc.cpu_times()
+    calls = 0
+    for r in range(2):
+        latencies, _ = await run_sessions(1, floor, args.sequential_turns, 1 + r)
+        calls += len(latencies)
+    after = floor_proc.cpu_times()
+    floor_ms = ((after.user + after.system) - (before.user + before.system)) * 1000 / max(1, calls)
+    print(f"1 session, back to back: floor CPU {floor_ms:.2f} ms/call (bench/proxy_floor.py: server, engine request, "
+          f"store, Kafka acks=all); the proxy above it: {proxy_cpu_ms - floor_ms:.2f} ms/call")
 
 
 async def capacity(args: argparse.Namespace, http: httpx.AsyncClient, through_proxy: Callable[[str], Turn],
