@@ -158,20 +158,25 @@ class ChatCodec:
             raise TemplateError("the chat template renders a user turn differently when messages follow it")
         return full[len(head) :]
 
-    def renders_as_served(self, reply: Message, served: str, following: Sequence[Message]) -> bool:
-        """Whether the template, rendering `reply` and the messages `following` it as history, writes
-        `served` (the reply's text as the model wrote it, then glue and the rendered tail): if not,
-        re-tokenizing the conversation would change the reply (tito's `realigned`). A template that
-        refuses the reply as history (Llama 3: one tool call per turn) does not render it as served;
-        the call is still served, from its ids."""
+    def tail_after_served(self, reply: Message, served: str, following: Sequence[Message]) -> str | None:
+        """The messages `following` a served reply as the template renders them after it, if it renders the
+        reply as history exactly as `served` (the reply's text as the model wrote it, then the glue); None if
+        not: re-tokenizing the conversation would change the reply (tito's `realigned`), and the tail is then
+        `render_tail`'s. One render serves both the check and the tail (a call rendered twice before): where
+        the reply renders as served, the prompt's text is the template's own rendering of the conversation
+        after the reply, which the probed convention makes equal to `render_tail`. A template that refuses
+        the reply as history (Llama 3: one tool call per turn) does not render it as served; the call is
+        still served, from its ids."""
         anchor = [{"role": "user", "content": _PROBE_USER}]
         head = self._anchor_prompt
         if head is None:
             head = self._anchor_prompt = self.render(anchor)
         try:
-            return self.render([*anchor, reply, *following]) == head + served
+            full = self.render([*anchor, reply, *following])
         except TemplateError:
-            return False
+            return None
+        start = head + served
+        return full[len(start) :] if full.startswith(start) else None
 
     # ----- probe
 

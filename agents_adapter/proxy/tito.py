@@ -9,8 +9,11 @@ conversation gets the prompt
 
     ids(earlier prompt + output)  +  encode(glue + render(new messages) )
 
-where `render(new messages)` is the chat template applied to the new messages alone (it ends with the
-generation prompt) and `glue` closes the earlier reply the way the template closes an assistant turn.
+where `render(new messages)` is the chat template's rendering of the new messages (it ends with the
+generation prompt) and `glue` closes the earlier reply the way the template closes an assistant turn. The
+new messages are rendered after the reply they follow (`ChatCodec.tail_after_served`: one render, which
+also tells whether the template writes that reply as the model did); where it does not, they are rendered
+alone (`ChatCodec.render_tail`), which the probed convention makes the same text.
 
 The template convention is probed at start-up, not assumed (`chat_codec`).
 
@@ -181,9 +184,11 @@ class TitoBuilder:
             if any(m.get("role") == "assistant" for m in tail):
                 break  # assistant turns after the served part were not served here: drift
             state.chat_calls.move_to_end(chain[end])
-            tail_text = self.codec.render_tail(tail)
             output = self.codec.decode(cached.ids[cached.prompt_len :].tolist())
-            same = self.codec.renders_as_served(messages[end], output + cached.glue + tail_text, tail)
+            tail_text = self.codec.tail_after_served(messages[end], output + cached.glue, tail)
+            same = tail_text is not None
+            if tail_text is None:
+                tail_text = self.codec.render_tail(tail)
             return BuiltPrompt(cached.ids.tolist() + self.codec.encode(cached.glue + tail_text), cached.call_id,
                                False, len(cached.ids), chain[-1], drift_class=CONTINUATION if same else REALIGNED)
         has_history = any(m.get("role") == "assistant" for m in messages)
