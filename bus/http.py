@@ -138,25 +138,33 @@ _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 def _certainly_fits(root: Any, max_depth: int, strict_numbers: bool, texts: bool) -> bool:
-    """The walk of the common case, building no path strings (they were most of a chat request's check):
-    True when nothing in the tree can fail a check; False sends it to the walk that names the fault."""
-    stack: list[tuple[Any, int]] = [(root, 1)]
-    while stack:
-        node, depth = stack.pop()
+    """The walk of the common case, level by level, building no path strings (they were most of a chat
+    request's check): True when nothing in the tree can fail a check; False sends it to the walk that names
+    the fault. Strings, a body's commonest value, are tested first."""
+    level: list[Any] = [root]
+    depth = 1
+    while level:
         if depth > max_depth:
             return False
-        if texts and not all(k.isascii() for k in node if isinstance(node, dict)):
-            return False
-        for value in node.values() if isinstance(node, dict) else node:
-            kind = type(value)
-            if kind is dict or kind is list:
-                stack.append((value, depth + 1))
-            elif kind is str:
-                if texts and not value.isascii():
+        below: list[Any] = []
+        for node in level:
+            if type(node) is dict:
+                if texts and not all(k.isascii() for k in node):
                     return False
-            elif strict_numbers and ((kind is int and not -_INT64 <= value < _INT64)
-                                     or (kind is float and not math.isfinite(value))):
-                return False
+                values = node.values()
+            else:
+                values = node
+            for value in values:
+                kind = type(value)
+                if kind is str:
+                    if texts and not value.isascii():
+                        return False
+                elif kind is dict or kind is list:
+                    below.append(value)
+                elif strict_numbers and ((kind is int and not -_INT64 <= value < _INT64)
+                                         or (kind is float and not math.isfinite(value))):
+                    return False
+        level, depth = below, depth + 1
     return True
 
 
