@@ -30,7 +30,8 @@ Rules (each decision's numbers go into its `reason`):
 * start: a partial batch starts training when ``rest_s <= switch_s + train_s(ready)``: the groups still
   missing will be complete before the ready ones are trained; at once when training is the
   bottleneck (`train_bound`: a batch's training fills most of the step period, every second off it
-  is lost); idle trainers start unless lending them pays (the lend rule);
+  is lost; resources already kept for training stay so judged down to a lower share, hysteresis);
+  idle trainers start unless lending them pays (the lend rule);
 * lend: a train-capable resource free after a step goes back to rollout when the window until the next
   step need start exceeds the round trip plus the re-prefill of the requests it will hold when taken
   back, ``window_s > return_s + switch_s + reprefill_s``, the window being the stragglers' rest less the
@@ -70,6 +71,12 @@ LEND_DECLINED = "lend_declined"
 #: below it the trainers have slack to roll out (0.7 misreads rollout-bound math runs as train bound
 #: on the simulator; 0.85 keeps them and the train-bound agentic ones)
 TRAIN_BOUND_SHARE = 0.85
+#: hysteresis of the train-bound test for resources already kept for training (`lend_declined`): they
+#: stay judged train bound until training fills less than this share of the period. The estimates move
+#: with every completed group, and at one threshold a resource kept because the next step would start
+#: on its first micro-batch was lent seconds later on the rest's window, then taken back (a whole
+#: round trip and re-prefill for nothing; randomized draw H800:16, lent 10 s after declining)
+TRAIN_BOUND_HOLD_SHARE = 0.7
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,16 +202,19 @@ def lend_value_share(
     return share / max(1.0, decode_ratio)
 
 
-def train_bound(est: Estimates, *, capable: int, batch_groups: int) -> Verdict:
+def train_bound(est: Estimates, *, capable: int, batch_groups: int, holding: bool = False) -> Verdict:
     """Is training the bottleneck? (`take`: yes.) Its estimated time for a batch on all `capable`
     train resources fills `TRAIN_BOUND_SHARE` of the pipeline's period (the mean of the last steps'
     ends): then every second the trainers spend not training stretches the period, so a step
-    starts as soon as it has data, whatever the stragglers."""
+    starts as soon as it has data, whatever the stragglers. `holding`: asked for resources already
+    kept for training, which stay train bound down to `TRAIN_BOUND_HOLD_SHARE` (hysteresis)."""
     period = est.period_s
     train = None if est.group_tokens is None else est.train_s(round(est.group_tokens * batch_groups), capable)
     if period is None or train is None:
         return Verdict(False, None, None, "train bound")
-    return Verdict(train >= TRAIN_BOUND_SHARE * period, train, TRAIN_BOUND_SHARE * period, "train bound")
+    share = TRAIN_BOUND_HOLD_SHARE if holding else TRAIN_BOUND_SHARE
+    what = "train bound (held)" if holding else "train bound"
+    return Verdict(train >= share * period, train, share * period, what)
 
 
 def take_count(est: Estimates, *, capable: int, batch_groups: int) -> tuple[int, str]:

@@ -110,8 +110,9 @@ class ReturnPlanner(ABC):
             emit(TagTransition(resource_id, ACTIVITY, (r.activity,), (WEIGHT_SYNC,), cause, reason))
             emit(LoadWeights(resource_id, self.version, sync_id, cause))
 
-    def _lend_verdict(self) -> Verdict | None:
-        """Whether a train-capable resource free now should be lent to rollout (adaptive policies)."""
+    def _lend_verdict(self, holding: bool = False) -> Verdict | None:
+        """Whether a train-capable resource free now should be lent to rollout (adaptive policies);
+        `holding`: it is already kept for training (the train-bound test's hysteresis)."""
         if not self.policy.adaptive:
             return None
         ready = len(self.loader.ready)
@@ -119,9 +120,10 @@ class ReturnPlanner(ABC):
         ages, barrier = self._rolling_out_ages()
         capable = len(self.trainers())
         held = self._reprefill()
+        bound = train_bound(self.estimates, capable=capable, batch_groups=self.batch_groups, holding=holding)
         return lend_verdict(
             self.estimates,
-            starts_on_first=train_bound(self.estimates, capable=capable, batch_groups=self.batch_groups).take,
+            starts_on_first=bound.take,
             missing_first=self.microbatch_groups - ready - fed,
             missing_all=self.batch_groups - ready - fed,
             ready=ready + fed,
@@ -206,7 +208,7 @@ class ReturnPlanner(ABC):
         if bound.take:
             return bound
         if all(self.pool.get(rid).activity == IDLE for rid in trainers):
-            lend = self._lend_verdict()
+            lend = self._lend_verdict(holding=True)
             if lend is None or lend.benefit_s is None:
                 return Verdict(True, None, None, "start idle trainers")
             return Verdict(not lend.take, lend.benefit_s, lend.cost_s, "start idle trainers (lend window vs cost)")
@@ -227,7 +229,7 @@ class ReturnPlanner(ABC):
             return
         running = self.step_resources
         if running is None:
-            verdict = self._lend_verdict()
+            verdict = self._lend_verdict(holding=True)
             if verdict is None or not verdict.take:
                 return
             reason = verdict.reason

@@ -22,6 +22,7 @@ from scheduler_svc.decisions import (
 from scheduler_svc.estimates import Estimates, observe
 from scheduler_svc.lending import (
     LEND_DECLINED,
+    TRAIN_BOUND_HOLD_SHARE,
     Reprefill,
     lend_value_share,
     lend_verdict,
@@ -208,6 +209,18 @@ def test_train_is_the_bottleneck_when_a_batch_s_training_fills_the_step_period()
     bound = train_bound(est, capable=4, batch_groups=80)
     assert bound.take and bound.benefit_s == pytest.approx(200.0) and "train bound" in bound.reason
     assert not train_bound(Estimates(), capable=4, batch_groups=80).take  # no estimate: weigh as before
+
+
+def test_resources_kept_for_training_stay_train_bound_down_to_the_hold_share() -> None:
+    """Hysteresis: the period is 202.5 s (`stepped(100)`); a batch of 64 groups trains on 4
+    resources in 160 s, 0.79 of it: below the 0.85 a free resource is judged by, so not train bound
+    for it, but a resource already kept for training stays train bound down to 0.7 (141.75 s): the
+    estimates moving with each completed group do not lend it seconds after it was kept."""
+    est = stepped(100.0)
+    assert not train_bound(est, capable=4, batch_groups=64).take
+    held = train_bound(est, capable=4, batch_groups=64, holding=True)
+    assert held.take and held.cost_s == pytest.approx(TRAIN_BOUND_HOLD_SHARE * 202.5) and "held" in held.reason
+    assert not train_bound(est, capable=4, batch_groups=56, holding=True).take  # 140 s < 141.75 s
 
 
 def test_one_short_period_after_a_backlog_does_not_read_as_train_bound() -> None:
