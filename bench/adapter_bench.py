@@ -264,6 +264,11 @@ def thread_cpu(proc: psutil.Process) -> Counter[str]:
     return out
 
 
+def cpu_spent_ms(before: Any, after: Any) -> float:
+    """CPU ms (user + system) between two `psutil` `cpu_times()` of a process."""
+    return ((after.user + after.system) - (before.user + before.system)) * 1000
+
+
 def startup_footprint(proxy_proc: psutil.Process) -> None:
     """The proxy's RSS right after start-up (issue 12: <= 250 MB; ~1 GB while it imported torch) and
     whether torch is mapped into it (its shared libraries would be, were torch imported)."""
@@ -351,7 +356,7 @@ async def latency_table(args: argparse.Namespace, direct: Turn, through_proxy: C
             if phase == 0:
                 by_thread.update({k: v - threads_before.get(k, 0.0) for k, v in thread_cpu(proxy_proc).items()})
             proxy_ms, proxy_err = proxy_ms + latencies, proxy_err + errors
-            cpu_ms += ((cpu_after.user + cpu_after.system) - (cpu_before.user + cpu_before.system)) * 1000
+            cpu_ms += cpu_spent_ms(cpu_before, cpu_after)
         d50, d99, p50, p99 = (percentile(direct_ms, 0.5), percentile(direct_ms, 0.99),
                               percentile(proxy_ms, 0.5), percentile(proxy_ms, 0.99))
         for name, values, errs in ((f"{label}: engine", direct_ms, direct_err),
@@ -379,7 +384,7 @@ async def floor_row(args: argparse.Namespace, floor: Turn, floor_proc: psutil.Pr
         latencies, _ = await run_sessions(1, floor, args.sequential_turns, 1 + r)
         calls += len(latencies)
     after = floor_proc.cpu_times()
-    floor_ms = ((after.user + after.system) - (before.user + before.system)) * 1000 / max(1, calls)
+    floor_ms = cpu_spent_ms(before, after) / max(1, calls)
     print(f"1 session, back to back: floor CPU {floor_ms:.2f} ms/call (bench/proxy_floor.py: server, engine request, "
           f"store, Kafka acks=all); the proxy above it: {proxy_cpu_ms - floor_ms:.2f} ms/call")
 

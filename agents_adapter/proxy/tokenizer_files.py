@@ -5,8 +5,8 @@ loader), and torch cost the capture proxy ~600 MB of RSS for a tokenizer it only
 decode and render the chat template. `TokenizerFiles` loads `tokenizer.json` with `tokenizers` and
 renders the template compiled by transformers' own renderer (`_compile_jinja_template`: its sandboxed
 jinja environment, filters and `{% generation %}` tag; it imports no torch), with the same variables
-`apply_chat_template` passes, so prompts are those transformers gives. The compiled template is kept and
-rendered directly: `render_jinja_template` around it cost ~25 us of every render, and a call renders twice.
+`apply_chat_template` passes, so prompts are those transformers gives. The compiled template (transformers
+caches it per source) is rendered directly: `render_jinja_template` around it cost ~25 us of every render.
 It offers the part of the tokenizer interface `ChatCodec` uses. A model without a
 `tokenizer.json` (a slow, sentencepiece-only tokenizer) is still loaded through `AutoTokenizer`.
 """
@@ -38,7 +38,6 @@ class TokenizerFiles:
         special_ids = {backend.token_to_id(token) for token in special}
         special_ids |= {i for i, added in backend.get_added_tokens_decoder().items() if added.special}
         self.all_special_ids = sorted(i for i in special_ids if i is not None)
-        self._compiled_by_source: dict[str, Any] = {}
 
     @classmethod
     def from_model_dir(cls, path: Path) -> TokenizerFiles:
@@ -73,13 +72,9 @@ class TokenizerFiles:
         ))
 
     def _compiled(self, tools: Sequence[Mapping[str, Any]] | None) -> Any:
-        source = self._template(tools)
-        compiled = self._compiled_by_source.get(source)
-        if compiled is None:
-            from transformers.utils.chat_template_utils import _compile_jinja_template
+        from transformers.utils.chat_template_utils import _compile_jinja_template  # lru-cached per source
 
-            compiled = self._compiled_by_source[source] = _compile_jinja_template(source)
-        return compiled
+        return _compile_jinja_template(self._template(tools))
 
     def _template(self, tools: Sequence[Mapping[str, Any]] | None) -> str:
         """The template, or of named templates the one transformers picks (`tool_use` with tools)."""
