@@ -91,7 +91,7 @@ class Verdict:
     @property
     def reason(self) -> str:
         if self.benefit_s is None or self.cost_s is None:
-            return f"{self.what}: no estimate yet, default"
+            return f"{self.what}: no estimate yet" + (", default" if self.take else "")
         verb = ">" if self.take else "<="
         return f"{self.what}: est {self.benefit_s:.1f}s {verb} cost {self.cost_s:.1f}s"
 
@@ -194,12 +194,29 @@ def lend_value_share(
     adds little but its round trip), long ones large. A lent resource that decodes slower than the
     serving ones (`decode_ratio`: their HBM bandwidth over its own, > 1) runs the requests spread onto
     it that much slower, so it saves that much less (randomized draws with A100 trainers among H20s
-    lent at a loss: 0.960x -> 0.988x, 0.945x -> 0.995x of the best other pipeline)."""
+    lent at a loss: 0.960x -> 0.988x, 0.945x -> 0.995x of the best other pipeline); and when it is so
+    slow that a request there decodes no faster than on a serving resource, it saves nothing
+    (`runs_no_faster`)."""
     if slot_bound or kv_balance_tokens is None or serving < 1 or est.inflight_context is None:
         return 1.0
     context = est.inflight_context / serving
-    share = min(1.0, alive / (serving + 1) * context / (context + kv_balance_tokens))
+    kv_share = context / (context + kv_balance_tokens)
+    if runs_no_faster(decode_ratio, kv_share):
+        return 0.0
+    share = min(1.0, alive / (serving + 1) * kv_share)
     return share / max(1.0, decode_ratio)
+
+
+def runs_no_faster(decode_ratio: float, kv_share: float) -> bool:
+    """Would a request decode no faster on a lent resource than where it runs now? A serving
+    resource's decode iteration reads the weights and its requests' KV caches (`kv_share` of the
+    iteration); on the lent one, with (almost) no KV, the weights alone take `decode_ratio` times
+    as long as on a serving one. So ``decode_ratio * (1 - kv_share) > 1``: the lent iteration is
+    longer, and when the running requests set the pipeline's period (budget bound) the requests
+    it takes become its stragglers. Homogeneous pools (ratio 1) never are. Measured: A100 trainers
+    among H20s (ratio 2) lent after every step on randomized draws lost 2-3 % of the best other
+    pipeline over 20 steps; declined, they match it."""
+    return decode_ratio * (1.0 - kv_share) > 1.0
 
 
 def train_bound(est: Estimates, *, capable: int, batch_groups: int, holding: bool = False) -> Verdict:

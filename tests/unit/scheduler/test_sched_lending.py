@@ -27,6 +27,7 @@ from scheduler_svc.lending import (
     lend_value_share,
     lend_verdict,
     reprefill_s,
+    runs_no_faster,
     start_verdict,
     take_count,
     train_bound,
@@ -303,16 +304,61 @@ def test_a_lent_resource_is_worth_what_spreading_the_running_requests_saves_when
 
 
 def test_a_slow_decoding_lent_resource_spreading_the_running_requests_is_worth_its_decode_speed() -> None:
-    """An A100 (2.0 TB/s) lent among H20s (4.0 TB/s): the requests moved onto it decode at half the
-    others' speed, so spreading them there saves half as much (0.2 -> 0.1 of a resource). A faster
-    decoder is not counted above the even share, and slot bound it is a whole resource of its own kind
-    (the window and the round trip are both in its seconds)."""
-    est = with_context(40_000)
-    even = lend_value_share(est, slot_bound=False, serving=4, alive=12, kv_balance_tokens=110_000)
-    slow = lend_value_share(est, slot_bound=False, serving=4, alive=12, kv_balance_tokens=110_000, decode_ratio=2.0)
-    fast = lend_value_share(est, slot_bound=False, serving=4, alive=12, kv_balance_tokens=110_000, decode_ratio=0.5)
+    """An A100 (2.0 TB/s) lent among H20s (4.0 TB/s) on long contexts (150,000 tokens per serving
+    resource, 150 / 260 of its decode iteration is KV): the requests moved onto it decode at half the
+    others' speed, so spreading them there saves half as much. A faster decoder is not counted above
+    the even share, and slot bound it is a whole resource of its own kind (the window and the round
+    trip are both in its seconds)."""
+    est = with_context(600_000)
+    even = lend_value_share(est, slot_bound=False, serving=4, alive=4, kv_balance_tokens=110_000)
+    slow = lend_value_share(est, slot_bound=False, serving=4, alive=4, kv_balance_tokens=110_000, decode_ratio=2.0)
+    fast = lend_value_share(est, slot_bound=False, serving=4, alive=4, kv_balance_tokens=110_000, decode_ratio=0.5)
+    assert even == pytest.approx(4 / 5 * 150 / 260)
     assert slow == pytest.approx(even / 2) and fast == pytest.approx(even)
+    assert lend_value_share(est, slot_bound=True, serving=4, alive=4, kv_balance_tokens=110_000, decode_ratio=2.0) == 1
+
+
+def test_a_lent_resource_on_which_requests_decode_slower_than_where_they_are_is_worth_nothing() -> None:
+    """Short contexts (10,000 tokens per serving resource, 1/12 of an iteration): on the A100 the
+    weights alone take 2 x 11/12 of an H20's iteration, so what it takes runs slower than it would
+    have: no share at all, and a 60 s window does not pay the round trip. Homogeneous pools never are
+    in this case, an H200 (faster) never is, and slot bound (new work of its own) it is a whole one."""
+    est = with_context(40_000)
+    assert runs_no_faster(2.0, 10_000 / 120_000) and not runs_no_faster(2.0, 0.6)
+    assert not runs_no_faster(1.0, 0.0) and not runs_no_faster(4.0 / 4.8, 0.0)
+    assert runs_no_faster(4.0 / 3.35, 0.1)  # an H800 among H20s, short contexts
+    slow = lend_value_share(est, slot_bound=False, serving=4, alive=12, kv_balance_tokens=110_000, decode_ratio=2.0)
+    assert slow == 0.0
+    v = lend_verdict(observed(2.0), missing_first=30, missing_all=30, ready=0, resources=2, switch_s=4.0,
+                     value_share=slow)
+    assert not v.take and v.benefit_s == 0.0
     assert lend_value_share(est, slot_bound=True, serving=4, alive=12, kv_balance_tokens=110_000, decode_ratio=2.0) == 1
+
+
+@pytest.mark.parametrize(("trainer", "lent"), [("A100", False), ("H200", True)])
+def test_before_any_estimate_a_slower_decoding_trainer_is_not_lent_into_a_budget_bound_rollout(
+    world_factory, trainer: str, lent: bool
+) -> None:
+    """An H20 serves all the staleness budget lets out (4 one-sample groups, 4 slots) when the
+    trainer joins: lent, it would only take requests off the H20. An A100 (2.0 TB/s) would decode
+    them at half speed, the batch's stragglers: kept for training, with the reason. An H200 (4.8
+    TB/s) decodes faster: lent, as the fixed policy does. The kept one trains the first step."""
+    policy = spatiotemporal(1, adaptive=True)
+    world = world_factory(policy, batch=2, samples=1, inflight_per_resource=4)
+    world.register("r0", "H20")
+    decisions = world.register("r1", trainer)
+    kept = [d for d in decisions if isinstance(d, TagTransition) and d.cause == LEND_DECLINED]
+    resumed = [d for d in decisions if isinstance(d, ResumeRollout | LoadWeights) and d.resource_id == "r1"]
+    if lent:
+        assert resumed and not kept
+        return
+    assert [d.resource_id for d in kept] == ["r1"] and not resumed
+    assert "decodes 1.96x slower" in kept[0].reason and "no estimate yet" in kept[0].reason
+    first, second = sorted(world.inflight)[:2]
+    world.complete_group(first)
+    decisions = world.complete_group(second)
+    train = [d for d in decisions if isinstance(d, Assignment) and d.task_kind == TRAIN]
+    assert [a.resource_ids for a in train] == [("r1",)]
 
 
 def test_do_not_lend_into_a_budget_bound_rollout_of_short_contexts() -> None:
