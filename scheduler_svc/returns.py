@@ -32,7 +32,6 @@ from scheduler_svc.lending import (
 from scheduler_svc.loader import StreamingDataLoader
 from scheduler_svc.policies import StragglerRule, TagPolicy
 from scheduler_svc.pool import ResourcePool
-from scheduler_svc.roofline import DeviceSpec
 from scheduler_svc.settings import SchedulerSettings
 from scheduler_svc.tags import ACTIVITY, IDLE, OFFLINE, ROLLOUT, TRAIN, WEIGHT_SYNC
 from scheduler_svc.weight_syncs import WeightSyncLedger
@@ -197,7 +196,7 @@ class ReturnPlanner(ABC):
         if not trainers:
             return None
         others = [r.device for r in self.pool.resources.values() if r.alive and TRAIN not in r.capabilities]
-        return _mean_hbm(others or trainers) / _mean_hbm(trainers)
+        return _mean([d.hbm_tb_per_s for d in others or trainers]) / _mean([d.hbm_tb_per_s for d in trainers])
 
     def _reprefill(self) -> Reprefill | None:
         """What a lent trainer's requests would cost to re-prefill on the rollout resources: as many
@@ -212,14 +211,10 @@ class ReturnPlanner(ABC):
         others = others or trainers
         cap = self.settings.max_inflight_samples_per_resource
         sequences = min(cap, self.loader.inflight_samples / max(1, self.pool.serving_count))
-
-        def mean(values: list[float]) -> float:
-            return sum(values) / len(values)
-
         return Reprefill(
             sequences=sequences,
             sample_tokens=est.group_tokens / self.settings.samples_per_task,
-            peak_ratio=mean([d.peak_tflops for d in trainers]) / mean([d.peak_tflops for d in others]),
+            peak_ratio=_mean([d.peak_tflops for d in trainers]) / _mean([d.peak_tflops for d in others]),
             decode_ratio=decode_ratio,
         )
 
@@ -284,5 +279,5 @@ class ReturnPlanner(ABC):
             self.held.difference_update(record.resource_ids)
 
 
-def _mean_hbm(devices: list[DeviceSpec]) -> float:
-    return sum(d.hbm_tb_per_s for d in devices) / len(devices)
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
