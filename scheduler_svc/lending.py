@@ -71,6 +71,8 @@ LEND_DECLINED = "lend_declined"
 #: below it the trainers have slack to roll out (0.7 misreads rollout-bound math runs as train bound
 #: on the simulator; 0.85 keeps them and the train-bound agentic ones)
 TRAIN_BOUND_SHARE = 0.85
+#: relative decode speeds closer than this are equal (a mean over equal devices is off by rounding)
+SPEED_TOLERANCE = 1e-9
 #: hysteresis of the train-bound test for resources already kept for training (`lend_declined`): they
 #: stay judged train bound until training fills less than this share of the period. The estimates move
 #: with every completed group, and at one threshold a resource kept because the next step would start
@@ -216,7 +218,7 @@ def runs_no_faster(decode_ratio: float, kv_share: float) -> bool:
     it takes become its stragglers. Homogeneous pools (ratio 1) never are. Measured: A100 trainers
     among H20s (ratio 2) lent after every step on randomized draws lost 2-3 % of the best other
     pipeline over 20 steps; declined, they match it."""
-    return decode_ratio * (1.0 - kv_share) > 1.0
+    return decode_ratio * (1.0 - kv_share) > 1.0 + SPEED_TOLERANCE
 
 
 def train_bound(est: Estimates, *, capable: int, batch_groups: int, holding: bool = False) -> Verdict:

@@ -326,6 +326,8 @@ def test_a_lent_resource_on_which_requests_decode_slower_than_where_they_are_is_
     est = with_context(40_000)
     assert runs_no_faster(2.0, 10_000 / 120_000) and not runs_no_faster(2.0, 0.6)
     assert not runs_no_faster(1.0, 0.0) and not runs_no_faster(4.0 / 4.8, 0.0)
+    # a mean over equal devices is off by rounding (12 x 3.35 / 12 over 4 x 3.35 / 4 = 1.0000000000000002)
+    assert not runs_no_faster(sum([3.35] * 12) / 12 / (sum([3.35] * 4) / 4), 0.0)
     assert runs_no_faster(4.0 / 3.35, 0.1)  # an H800 among H20s, short contexts
     slow = lend_value_share(est, slot_bound=False, serving=4, alive=12, kv_balance_tokens=110_000, decode_ratio=2.0)
     assert slow == 0.0
