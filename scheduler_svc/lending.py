@@ -50,7 +50,9 @@ Rules (each decision's numbers go into its `reason`):
   (dispatch to `SampleCompleted`); summed over a step period and divided by it, the context the
   running requests held on average;
 * trainers kept idle by the lend rule at a step's end start on the ready groups in the same round.
-Without estimates (the first step) every rule takes the bet (all resources), i.e. behaves as the fixed policy.
+Without estimates (the first step) every rule takes the bet (all resources), i.e. behaves as the fixed policy,
+but for one thing the device specs tell alone: a trainer on which requests would decode slower than on
+the serving resources (`runs_no_faster`) is not lent into a budget-bound rollout.
 """
 
 from __future__ import annotations
