@@ -27,10 +27,11 @@ def _horizon(lats: np.ndarray, ages: Sequence[float], wanted: float) -> float:
     if wanted <= 0 or not len(ages):
         return 0.0
     n = len(lats)
-    first = np.searchsorted(lats, np.asarray(ages, dtype=float), side="right")
+    age = np.asarray(ages, dtype=float)
+    first = lats.searchsorted(age, "right")
     active = first < n
     due = float(np.count_nonzero(~active))
-    rolling = np.asarray(ages, dtype=float)[active]
+    rolling = age[active]
     done_before = first[active]
     share = 1.0 / (n - done_before)  # of the latencies longer than a group's age, each one's share
     lo, hi = 0.0, float(lats[-1])

@@ -32,6 +32,7 @@ from scheduler_svc.lending import (
 from scheduler_svc.loader import StreamingDataLoader
 from scheduler_svc.policies import StragglerRule, TagPolicy
 from scheduler_svc.pool import ResourcePool
+from scheduler_svc.roofline import DeviceSpec
 from scheduler_svc.settings import SchedulerSettings
 from scheduler_svc.tags import ACTIVITY, IDLE, OFFLINE, ROLLOUT, TRAIN, WEIGHT_SYNC
 from scheduler_svc.weight_syncs import WeightSyncLedger
@@ -91,11 +92,9 @@ class ReturnPlanner(ABC):
                 continue  # lend_idle decides when it goes back to rollout
             cause = "resource_added" if r.activity == IDLE else "train_step_done"
             if ROLLOUT in r.capabilities:
-                verdict = None
-                if TRAIN in r.capabilities and cause == "train_step_done":
-                    verdict = self._lend_verdict()
-                elif TRAIN in r.capabilities and self.policy.adaptive and self.estimates.tokens_per_resource_s is None:
-                    verdict = self._unestimated_lend_verdict()
+                # a joining trainer is weighed only before any estimate (the first step's rule)
+                weigh = cause == "train_step_done" or self.estimates.tokens_per_resource_s is None
+                verdict = self._lend_verdict() if weigh and TRAIN in r.capabilities else None
                 if verdict is not None and not verdict.take:
                     emit(TagTransition(r.resource_id, ACTIVITY, (r.activity,), (IDLE,), LEND_DECLINED, verdict.reason))
                     continue
@@ -188,34 +187,34 @@ class ReturnPlanner(ABC):
         free = self.pool.serving_count * self.settings.max_inflight_samples_per_resource - self.loader.inflight_samples
         return self.dispatch_budget() * self.settings.samples_per_task > free
 
+    def _devices(self) -> tuple[list[DeviceSpec], list[DeviceSpec]]:
+        """The train-capable resources' devices and the rollout-only ones' (the trainers themselves in
+        a pool without rollout-only resources); both empty without trainers."""
+        trainers = [self.pool.get(rid).device for rid in self.trainers()]
+        others = [r.device for r in self.pool.resources.values() if r.alive and TRAIN not in r.capabilities]
+        return trainers, (others or trainers)
+
     def _decode_ratio(self) -> float | None:
         """The rollout-only resources' HBM bandwidth over the train-capable ones' (their decode speed
-        relative to a lent trainer's); None without trainers. The trainers themselves in a pool without
-        rollout-only resources."""
-        trainers = [self.pool.get(rid).device for rid in self.trainers()]
-        if not trainers:
-            return None
-        others = [r.device for r in self.pool.resources.values() if r.alive and TRAIN not in r.capabilities]
-        return _mean([d.hbm_tb_per_s for d in others or trainers]) / _mean([d.hbm_tb_per_s for d in trainers])
+        relative to a lent trainer's); None without trainers."""
+        trainers, others = self._devices()
+        return _decode_ratio(trainers, others) if trainers else None
 
     def _reprefill(self) -> Reprefill | None:
         """What a lent trainer's requests would cost to re-prefill on the rollout resources: as many
         as a serving resource holds now (at most the per-resource cap), each a mean sample long, on
         the rollout-only resources (the trainers themselves in a pool without any)."""
         est = self.estimates
-        trainers = [self.pool.get(rid).device for rid in self.trainers()]
-        decode_ratio = self._decode_ratio()
-        if est.group_tokens is None or decode_ratio is None:
+        trainers, others = self._devices()
+        if est.group_tokens is None or not trainers:
             return None
-        others = [r.device for r in self.pool.resources.values() if r.alive and TRAIN not in r.capabilities]
-        others = others or trainers
         cap = self.settings.max_inflight_samples_per_resource
         sequences = min(cap, self.loader.inflight_samples / max(1, self.pool.serving_count))
         return Reprefill(
             sequences=sequences,
             sample_tokens=est.group_tokens / self.settings.samples_per_task,
             peak_ratio=_mean([d.peak_tflops for d in trainers]) / _mean([d.peak_tflops for d in others]),
-            decode_ratio=decode_ratio,
+            decode_ratio=_decode_ratio(trainers, others),
         )
 
     def _take(self, trainers: tuple[str, ...]) -> tuple[tuple[str, ...], str]:
@@ -281,3 +280,7 @@ class ReturnPlanner(ABC):
 
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values)
+
+
+def _decode_ratio(trainers: list[DeviceSpec], others: list[DeviceSpec]) -> float:
+    return _mean([d.hbm_tb_per_s for d in others]) / _mean([d.hbm_tb_per_s for d in trainers])
