@@ -14,7 +14,7 @@ the bound, so for both asynchronous pipelines the rule is one more grid dimensio
 pipelines are on-policy. The full run adds a study of the staleness regime of the spatiotemporal
 pipeline (what a looser bound would buy) and a weak-scaling check.
 
-    .venv/bin/python bench/pipeline_sim.py            # full run (a few minutes on one core)
+    .venv/bin/python bench/pipeline_sim.py            # full run (about 12 minutes on one core)
     .venv/bin/python bench/pipeline_sim.py --quick    # 32 devices only, no regime or scaling study
 """
 
@@ -29,6 +29,7 @@ from pathlib import Path
 from rich.progress import Progress, TaskID
 
 from scheduler_svc.sim import PIPELINES, SimConfig, SimResult, draw_gantt, run_simulation
+from scheduler_svc.sim.config import STEADY_STEPS, STEADY_WARMUP_STEPS
 from scheduler_svc.sim.model import Efficiency
 
 BATCH = {"math": (64, 16), "agentic": (64, 8)}  # prompts per step x samples per prompt, fixed across sizes
@@ -186,6 +187,7 @@ def scaling(steps: int, sizes: Sequence[int], progress: Progress) -> list[str]:
                 samples_per_task=16,
                 train_resources=k,
                 steps=steps,
+                warmup_steps=1,  # step time against cluster size, not a steady-state throughput
                 keep_segments=False,
             )
             rows[pipeline].append(run_simulation(cfg))
@@ -215,9 +217,16 @@ def scaling(steps: int, sizes: Sequence[int], progress: Progress) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="32 devices only, no scaling study")
-    parser.add_argument("--steps", type=int, default=6, help="train steps per run (the first is warm-up)")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=STEADY_STEPS,
+        help=f"train steps per run (the first {STEADY_WARMUP_STEPS}, the start-up, are not measured)",
+    )
     parser.add_argument("--gantt-dir", default="var/bench", help="where Gantt PNGs go ('' to skip)")
     args = parser.parse_args(argv)
+    if args.steps <= STEADY_WARMUP_STEPS:
+        parser.error(f"--steps must exceed the {STEADY_WARMUP_STEPS} warm-up steps, got {args.steps}")
     sizes = [32] if args.quick else [32, 64]
     gantt_dir = Path(args.gantt_dir) if args.gantt_dir else None
     eff = Efficiency()
@@ -244,7 +253,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"  {workload}: train batch {b} prompts x {n} samples = {b * n} samples per step")
     print(
         f"train-pool grid for split pipelines: {k_grid(32)} of 32, {k_grid(64)} of 64; "
-        f"{args.steps} steps per run, first one is warm-up; staleness bound 1 for async pipelines"
+        f"{args.steps} steps per run, measured after the first {STEADY_WARMUP_STEPS} (the start-up): "
+        f"{args.steps - STEADY_WARMUP_STEPS} step periods of the steady state; staleness bound 1 for async pipelines"
     )
     print(
         "fairness: every pipeline gets the same batch, the same per-device concurrency and the same costs; "

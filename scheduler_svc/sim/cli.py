@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from scheduler_svc.errors import SchedulerError
 from scheduler_svc.sim.cluster import run_simulation
 from scheduler_svc.sim.compare import FAIRNESS, advantage, best_runs, random_comparison
-from scheduler_svc.sim.config import SimConfig
+from scheduler_svc.sim.config import STEADY_STEPS, STEADY_WARMUP_STEPS, SimConfig
 from scheduler_svc.sim.pipelines import PIPELINES
 from scheduler_svc.sim.results import SimResult, draw_gantt, format_table
 from scheduler_svc.sim.workload import length_distribution
@@ -26,7 +26,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--samples", type=int, default=None, help="samples per prompt")
     p.add_argument("--max-generation", type=int, default=None, help="max response (math) or context (agentic)")
     p.add_argument("--train-resources", type=int, default=None, help="engines carrying the train tag")
-    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--steps", type=int, default=STEADY_STEPS, help="train steps per run, warm-up included")
+    p.add_argument(
+        "--warmup-steps",
+        type=int,
+        default=STEADY_WARMUP_STEPS,
+        help="first steps left out of the measured window (the pipeline's start-up)",
+    )
     p.add_argument(
         "--straggler",
         choices=("wait", "abort"),
@@ -61,7 +67,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.random:
         print(FAIRNESS)
-        lines, _ = random_comparison(args.random, args.seed, args.steps)
+        print(f"each run: {args.steps} train steps, measured after the first {args.warmup_steps} (the start-up)")
+        try:
+            lines, _ = random_comparison(args.random, args.seed, args.steps, args.warmup_steps)
+        except SchedulerError as e:
+            print(f"sflow sim: {e}")
+            return 2
         print("\n".join(lines))
         return 0
     results: list[SimResult] = []
@@ -82,6 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 max_generation=args.max_generation,
                 train_resources=args.train_resources,
                 steps=args.steps,
+                warmup_steps=args.warmup_steps,
                 seed=args.seed,
                 straggler=args.straggler,
                 max_staleness=args.max_staleness,
@@ -93,7 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             base = SimConfig(
                 workload=args.workload, devices=args.devices, device_mix=mix, device_kind=args.device_kind,
                 model=args.model, train_batch_groups=args.batch, samples_per_task=args.samples, steps=args.steps,
-                seed=args.seed, keep_segments=False,
+                warmup_steps=args.warmup_steps, seed=args.seed, keep_segments=False,
             )  # fmt: skip
             best = best_runs(base, workload)
             results = list(best.values())
@@ -105,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         f"workload={args.lengths or args.workload} devices={args.device_mix or args.devices} model={args.model} "
         f"batch={first['batch']}x{first['n']} "
-        f"steps={args.steps}"
+        f"steps={args.steps} (measured after {args.warmup_steps})"
     )
     print(format_table(results))
     by_name = {r.pipeline: r for r in results}

@@ -61,7 +61,7 @@ def advantage(results: dict[str, SimResult]) -> float:
     return results[Pipeline.SPATIOTEMPORAL].tokens_per_s / best
 
 
-def random_draws(count: int, seed: int, steps: int) -> Iterator[tuple[str, SimConfig, Workload]]:
+def random_draws(count: int, seed: int, steps: int, warmup_steps: int) -> Iterator[tuple[str, SimConfig, Workload]]:
     """`count` workloads and pools drawn from the documented ranges (half the pools mix two kinds)."""
     rng = random.Random(seed)
     for i in range(count):
@@ -72,14 +72,17 @@ def random_draws(count: int, seed: int, steps: int) -> Iterator[tuple[str, SimCo
         sigma = rng.uniform(*RANDOM_SIGMA)
         workload = SingleTurnMath(name="lognormal", response_median=median, response_sigma=sigma, seed=seed + i)
         groups = 2 * devices
-        cfg = SimConfig(device_mix=mix, train_batch_groups=groups, samples_per_task=8, steps=steps, keep_segments=False)
+        cfg = SimConfig(
+            device_mix=mix, train_batch_groups=groups, samples_per_task=8, steps=steps, warmup_steps=warmup_steps,
+            keep_segments=False,
+        )  # fmt: skip
         label = "+".join(f"{k}:{n}" for k, n in mix) + f" median {median:.0f} sigma {sigma:.2f}"
         yield label, cfg, workload
 
 
-def random_comparison(count: int, seed: int, steps: int) -> tuple[list[str], list[float]]:
+def random_comparison(count: int, seed: int, steps: int, warmup_steps: int) -> tuple[list[str], list[float]]:
     lines, ratios = [], []
-    for i, (label, cfg, workload) in enumerate(random_draws(count, seed, steps)):
+    for i, (label, cfg, workload) in enumerate(random_draws(count, seed, steps, warmup_steps)):
         results = best_runs(cfg, workload)
         ratio = advantage(results)
         ratios.append(ratio)

@@ -17,7 +17,7 @@ from scheduler_svc.sim.workload import AgenticCoding, SingleTurnMath
 
 pytestmark = pytest.mark.unit
 
-SMALL = {"devices": 8, "steps": 4, "train_batch_groups": 16}
+SMALL = {"devices": 8, "steps": 4, "warmup_steps": 1, "train_batch_groups": 16}
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +50,10 @@ def test_spatiotemporal_beats_colocated_sync(small_math) -> None:
 
 
 def test_agentic_smoke_and_same_samples_in_every_pipeline() -> None:
-    cfg = {"devices": 8, "steps": 3, "train_batch_groups": 8, "samples_per_task": 4, "workload": "agentic"}
+    cfg = {
+        "devices": 8, "steps": 3, "warmup_steps": 1, "train_batch_groups": 8, "samples_per_task": 4,
+        "workload": "agentic",
+    }  # fmt: skip
     co = run_simulation(SimConfig(pipeline="colocated_sync", **cfg))
     st = run_simulation(SimConfig(pipeline="spatiotemporal", **cfg))
     assert st.tokens_per_s > co.tokens_per_s
@@ -66,6 +69,7 @@ def test_failures_and_joins_do_not_stall_any_pipeline() -> None:
                 pipeline=p,
                 devices=8,
                 steps=4,
+                warmup_steps=1,
                 train_batch_groups=8,
                 samples_per_task=4,
                 failures=((60.0, 0), (200.0, 5)),
@@ -78,7 +82,9 @@ def test_failures_and_joins_do_not_stall_any_pipeline() -> None:
 
 def test_heterogeneous_pool_puts_training_on_compute_rich_devices() -> None:
     r = run_simulation(
-        SimConfig(pipeline="spatiotemporal", device_mix=(("H20", 4), ("H800", 4)), train_resources=4, steps=3)
+        SimConfig(
+            pipeline="spatiotemporal", device_mix=(("H20", 4), ("H800", 4)), train_resources=4, steps=3, warmup_steps=1
+        )
     )
     trained_on = {i for i, segs in enumerate(r.segments) if any(s[2] == "train" for s in segs)}
     assert trained_on == {4, 5, 6, 7}  # the H800s (engines e0004..e0007)
@@ -108,7 +114,9 @@ def test_config_errors_name_the_field() -> None:
     with pytest.raises(ConfigError, match="train_resources"):
         SimConfig(devices=4, train_resources=4).resolved()
     with pytest.raises(ConfigError, match="KV cache room"):
-        run_simulation(SimConfig(model="qwen3-32b", device_kind="A100", devices=4, engine_tp=1, steps=2))
+        run_simulation(
+            SimConfig(model="qwen3-32b", device_kind="A100", devices=4, engine_tp=1, steps=2, warmup_steps=1)
+        )
 
 
 def test_decode_model_is_a_roofline() -> None:

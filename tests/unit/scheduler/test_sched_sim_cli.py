@@ -44,3 +44,11 @@ def test_length_specs_are_validated() -> None:
     with pytest.raises(ConfigError, match="nope"):
         length_distribution("nope")
     assert main(["--device-mix", "H800", *SMALL]) == 2
+
+
+def test_a_horizon_no_longer_than_its_warm_up_is_refused_naming_both(capsys: pytest.CaptureFixture[str]) -> None:
+    """The measured window starts after the warm-up steps: with none left there is nothing to measure."""
+    assert main([*SMALL[:4], "--steps", "2"]) == 2
+    assert "steps (2) must exceed warmup_steps (2)" in capsys.readouterr().out
+    assert main(["--random", "1", "--steps", "3", "--warmup-steps", "3"]) == 2
+    assert "warmup_steps (3)" in capsys.readouterr().out
