@@ -63,18 +63,22 @@ def parse_mix(text: str) -> tuple[tuple[str, int], ...]:
         raise SchedulerError(f"--device-mix {text!r}: expected KIND:COUNT[,KIND:COUNT...]") from None
 
 
+def _random_mode(args: argparse.Namespace) -> int:
+    print(FAIRNESS)
+    print(f"each run: {args.steps} train steps, measured after the first {args.warmup_steps} (the start-up)")
+    try:
+        lines, _ = random_comparison(args.random, args.seed, args.steps, args.warmup_steps)
+    except SchedulerError as e:
+        print(f"sflow sim: {e}")
+        return 2
+    print("\n".join(lines))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.random:
-        print(FAIRNESS)
-        print(f"each run: {args.steps} train steps, measured after the first {args.warmup_steps} (the start-up)")
-        try:
-            lines, _ = random_comparison(args.random, args.seed, args.steps, args.warmup_steps)
-        except SchedulerError as e:
-            print(f"sflow sim: {e}")
-            return 2
-        print("\n".join(lines))
-        return 0
+        return _random_mode(args)
     results: list[SimResult] = []
     try:
         mix = parse_mix(args.device_mix) if args.device_mix else ()
