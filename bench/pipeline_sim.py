@@ -28,6 +28,7 @@ from pathlib import Path
 
 from rich.progress import Progress, TaskID
 
+from scheduler_svc.errors import ConfigError
 from scheduler_svc.sim import PIPELINES, SimConfig, SimResult, draw_gantt, run_simulation
 from scheduler_svc.sim.config import STEADY_STEPS, STEADY_WARMUP_STEPS
 from scheduler_svc.sim.model import Efficiency
@@ -225,12 +226,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--gantt-dir", default="var/bench", help="where Gantt PNGs go ('' to skip)")
     args = parser.parse_args(argv)
-    if args.steps <= STEADY_WARMUP_STEPS:
-        parser.error(f"--steps must exceed the {STEADY_WARMUP_STEPS} warm-up steps, got {args.steps}")
+    try:
+        ref = SimConfig(steps=args.steps)  # SimConfig's own check: steps must exceed its warm-up
+    except ConfigError as e:
+        parser.error(str(e))
     sizes = [32] if args.quick else [32, 64]
     gantt_dir = Path(args.gantt_dir) if args.gantt_dir else None
     eff = Efficiency()
-    ref = SimConfig()
     print("SeamlessFlow pipeline simulation (scheduler_svc core driven by a discrete-event cluster model)")
     print(
         f"model qwen3-8b bf16, H800 ({ref.engine_specs()[0].peak_tflops:.0f} TFLOP/s, "
@@ -253,8 +255,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"  {workload}: train batch {b} prompts x {n} samples = {b * n} samples per step")
     print(
         f"train-pool grid for split pipelines: {k_grid(32)} of 32, {k_grid(64)} of 64; "
-        f"{args.steps} steps per run, measured after the first {STEADY_WARMUP_STEPS} (the start-up): "
-        f"{args.steps - STEADY_WARMUP_STEPS} step periods of the steady state; staleness bound 1 for async pipelines"
+        f"{args.steps} steps per run, measured after the first {ref.warmup_steps} (the start-up): "
+        f"{args.steps - ref.warmup_steps} step periods of the steady state; staleness bound 1 for async pipelines"
     )
     print(
         "fairness: every pipeline gets the same batch, the same per-device concurrency and the same costs; "

@@ -21,8 +21,8 @@ _E = TypeVar("_E", bound=StrEnum)
 #: math 32 the step periods alternate ~80 s / ~300 s), and the first steps start on a full pipeline (2B
 #: groups dispatched at t=0). One warm-up step and five measured periods measured that start and the
 #: cycle's phase (three short periods of five): math 32's spatiotemporal read 34,304 tokens/s over
-#: steps 1-5, against ~31,000 over twenty periods. Two warm-up steps skip the start; an even number of
-#: measured periods (here 20) holds whole cycles.
+#: steps 1-5, against 30,761 over twenty periods after two warm-up steps. Two warm-up steps skip the
+#: start; an even number of measured periods (here 20) holds whole cycles.
 STEADY_WARMUP_STEPS = 2
 STEADY_STEPS = 22
 
