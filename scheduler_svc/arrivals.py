@@ -9,7 +9,7 @@ Used by the adaptive lending rules (`scheduler_svc.lending`) for the stragglers'
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -19,27 +19,53 @@ MIN_LATENCIES = 8
 ARRIVAL_BISECTIONS = 20
 
 
+class RollingOut:
+    """The groups rolling out (`ages`) against the observed latencies (`lats`, sorted): how many are
+    expected complete within a horizon. Each is one of the latencies longer than its age, and is done
+    within `h` with the share of those that ended by `age + h`; one older than all of them is due now.
+    Vectorised over the ages: the adaptive policy asks on every completed group, and this was three
+    quarters of a simulated spatiotemporal run's time as a loop."""
+
+    def __init__(self, lats: np.ndarray, ages: Sequence[float]) -> None:
+        self.lats = lats
+        age = np.asarray(ages, dtype=float)
+        first = lats.searchsorted(age, "right")
+        active = first < len(lats)
+        self.due = float(np.count_nonzero(~active))
+        self.rolling = age[active]
+        self.done_before = first[active]
+        self.share = 1.0 / (len(lats) - self.done_before)  # of the latencies longer than a group's age, each one's
+
+    def done_within(self, horizon: float) -> float:
+        """Expected number of these groups complete within `horizon` seconds."""
+        ended = self.lats.searchsorted(self.rolling + horizon, "right") - self.done_before
+        return self.due + float(ended @ self.share)
+
+
 def _horizon(lats: np.ndarray, ages: Sequence[float], wanted: float) -> float:
-    """Shortest horizon within which `wanted` of the groups of these `ages` are expected complete:
-    each by the observed latencies (`lats`, sorted) longer than its age, one older than all of them
-    due now. Vectorised over the ages: the adaptive policy asks on every completed group, and this
-    was three quarters of a simulated spatiotemporal run's time as a loop."""
+    """Shortest horizon within which `wanted` of the groups of these `ages` are expected complete."""
     if wanted <= 0 or not len(ages):
         return 0.0
-    n = len(lats)
-    age = np.asarray(ages, dtype=float)
-    first = lats.searchsorted(age, "right")
-    active = first < n
-    due = float(np.count_nonzero(~active))
-    rolling = age[active]
-    done_before = first[active]
-    share = 1.0 / (n - done_before)  # of the latencies longer than a group's age, each one's share
+    groups = RollingOut(lats, ages)
     lo, hi = 0.0, float(lats[-1])
     for _ in range(ARRIVAL_BISECTIONS):
         mid = (lo + hi) / 2
-        within = due + float((lats.searchsorted(rolling + mid, "right") - done_before) @ share)
-        lo, hi = (lo, mid) if within >= wanted else (mid, hi)
+        lo, hi = (lo, mid) if groups.done_within(mid) >= wanted else (mid, hi)
     return hi
+
+
+def _pool(ages: Sequence[float], missing: int) -> list[float]:
+    """The ages of the groups a batch waits for: a group not dispatched yet counts as age 0."""
+    return list(ages) + [0.0] * max(0, missing - len(ages))
+
+
+def arrivals_within(latencies: Sequence[float], ages: Sequence[float], missing: int) -> Callable[[float], float] | None:
+    """How many of the `missing` groups are expected complete within a horizon (a function of it),
+    read as `arrival_s` reads them; None: too few latencies observed (then the rate decides)."""
+    if len(latencies) < MIN_LATENCIES or missing <= 0:
+        return None
+    groups = RollingOut(np.sort(np.asarray(latencies, dtype=float)), _pool(ages, missing))
+    return lambda horizon: min(float(missing), groups.done_within(horizon))
 
 
 def arrival_s(
@@ -55,5 +81,4 @@ def arrival_s(
     if len(latencies) < MIN_LATENCIES:
         return None
     lats = np.sort(np.asarray(latencies, dtype=float))
-    pool = list(ages) + [0.0] * max(0, missing - len(ages))
-    return max(_horizon(lats, pool, missing - 0.5), _horizon(lats, barrier, len(barrier) - 0.5))
+    return max(_horizon(lats, _pool(ages, missing), missing - 0.5), _horizon(lats, barrier, len(barrier) - 0.5))

@@ -7,7 +7,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 
-from scheduler_svc.arrivals import arrival_s
+from scheduler_svc.arrivals import arrival_s, arrivals_within
 from scheduler_svc.decisions import (
     Assignment,
     Decision,
@@ -114,9 +114,10 @@ class ReturnPlanner(ABC):
             emit(TagTransition(resource_id, ACTIVITY, (r.activity,), (WEIGHT_SYNC,), cause, reason))
             emit(LoadWeights(resource_id, self.version, sync_id, cause))
 
-    def _lend_verdict(self, holding: bool = False) -> Verdict | None:
-        """Whether a train-capable resource free now should be lent to rollout (adaptive policies);
-        `holding`: it is already kept for training (the train-bound test's hysteresis)."""
+    def _lend_verdict(self) -> Verdict | None:
+        """Whether a train-capable resource free now (from a step, or kept for training) should be lent
+        to rollout (adaptive policies); judged train bound by the held share (the train-bound test's
+        hysteresis, `scheduler_svc.lending.TRAIN_BOUND_HOLD_SHARE`)."""
         if not self.policy.adaptive:
             return None
         ready = len(self.loader.ready)
@@ -124,7 +125,7 @@ class ReturnPlanner(ABC):
         ages, barrier = self._rolling_out_ages()
         capable = len(self.trainers())
         held = self._reprefill()
-        bound = train_bound(self.estimates, capable=capable, batch_groups=self.batch_groups, holding=holding)
+        bound = train_bound(self.estimates, capable=capable, batch_groups=self.batch_groups, holding=True)
         verdict = lend_verdict(
             self.estimates,
             starts_on_first=bound.take,
@@ -137,6 +138,7 @@ class ReturnPlanner(ABC):
             value_share=self._value_share(1.0 if held is None else held.decode_ratio),
             first_s=arrival_s(self.estimates.latencies, ages, self.microbatch_groups - ready - fed),
             rest_s=arrival_s(self.estimates.latencies, ages, self.batch_groups - ready - fed, barrier),
+            arrived=arrivals_within(self.estimates.latencies, ages, self.batch_groups - ready - fed),
         )
         return verdict if verdict.benefit_s is not None else self._unestimated_lend_verdict()
 
@@ -236,7 +238,7 @@ class ReturnPlanner(ABC):
         if bound.take:
             return bound
         if all(self.pool.get(rid).activity == IDLE for rid in trainers):
-            lend = self._lend_verdict(holding=True)
+            lend = self._lend_verdict()
             if lend is None or lend.benefit_s is None:
                 return Verdict(True, None, None, "start idle trainers")
             return Verdict(not lend.take, lend.benefit_s, lend.cost_s, "start idle trainers (lend window vs cost)")
@@ -257,7 +259,7 @@ class ReturnPlanner(ABC):
             return
         running = self.step_resources
         if running is None:
-            verdict = self._lend_verdict(holding=True)
+            verdict = self._lend_verdict()
             if verdict is None or not verdict.take:
                 return
             reason = verdict.reason

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler_svc.arrivals import arrival_s
+from scheduler_svc.arrivals import arrival_s, arrivals_within
 from scheduler_svc.decisions import (
     Assignment,
     LoadWeights,
@@ -29,6 +29,7 @@ from scheduler_svc.lending import (
     reprefill_s,
     runs_no_faster,
     start_verdict,
+    start_window_s,
     take_count,
     train_bound,
 )
@@ -246,12 +247,29 @@ def test_one_short_period_after_a_backlog_does_not_read_as_train_bound() -> None
 def test_the_lend_window_is_the_stragglers_rest_less_the_ready_groups_training() -> None:
     """20 groups missing at 0.5 groups/s arrive in 40 s; the 10 ready ones (100,000 tokens) train on
     2 resources in 50 s: the step must start now to have trained them by then, no window to lend.
-    With 2 ready (10 s of training) the step can start 26 s later (less the 4 s switch): lend."""
+    With 2 ready (10 s of training) the step could start 26 s later (less the 4 s switch), but the
+    groups completing meanwhile train 5 s each: the start rule starts it once 40 - t <= 4 + 5 (2 +
+    t / 2), 26 / 3.5 s from now, less than the 11 s round trip: keep it. Ten times the train speed,
+    the groups train 0.5 s each and the window is (40 - 4 - 1) / 1.25 = 28 s: lend."""
     est = observed(2.0)
     v = lend_verdict(est, missing_first=0, missing_all=20, ready=10, resources=2, switch_s=4.0)
     assert not v.take and v.benefit_s == pytest.approx(0.0)
     v = lend_verdict(est, missing_first=0, missing_all=20, ready=2, resources=2, switch_s=4.0)
-    assert v.take and v.benefit_s == pytest.approx(40.0 - 4.0 - 10.0)
+    assert not v.take and v.benefit_s == pytest.approx(26.0 / 3.5, abs=1e-3)
+    fast = observed(2.0, tokens_per_resource_s=10_000.0)
+    v = lend_verdict(fast, missing_first=0, missing_all=20, ready=2, resources=2, switch_s=4.0)
+    assert v.take and v.benefit_s == pytest.approx(35.0 / 1.25, abs=1e-3)
+
+
+def test_the_start_window_ends_when_the_groups_arrived_by_then_hide_the_rest() -> None:
+    """The start rule starts a step once the rest then left is hidden by the switch and the training
+    of the groups ready by then. No arrivals: the rest less the switch and the ready groups' training;
+    groups completing meanwhile bring it forward; a rest already hidden leaves no window."""
+    assert start_window_s(60.0, 4.0, 2.0, 3, lambda t: 0.0) == pytest.approx(50.0, abs=1e-3)
+    assert start_window_s(60.0, 4.0, 2.0, 3, lambda t: t / 2) == pytest.approx(25.0, abs=1e-3)
+    assert start_window_s(60.0, 4.0, 2.0, 3, lambda t: min(10.0, t / 2)) == pytest.approx(30.0, abs=1e-3)
+    assert start_window_s(60.0, 4.0, 2.0, 3, lambda t: 30.0 if t >= 5 else 0.0) == pytest.approx(5.0, abs=1e-3)
+    assert start_window_s(10.0, 4.0, 2.0, 3, lambda t: 0.0) == 0.0
 
 
 def test_when_training_is_the_bottleneck_the_lend_window_ends_with_the_first_micro_batch() -> None:
@@ -263,7 +281,8 @@ def test_when_training_is_the_bottleneck_the_lend_window_ends_with_the_first_mic
     v = lend_verdict(est, missing_first=4, missing_all=60, ready=0, resources=2, switch_s=4.0, starts_on_first=True)
     assert not v.take and v.benefit_s == pytest.approx(8.0)  # less than the 11 s round trip
     slack = lend_verdict(est, missing_first=4, missing_all=60, ready=0, resources=2, switch_s=4.0)
-    assert slack.take and slack.benefit_s == pytest.approx(120.0 - 4.0)  # not train bound: the rest's window
+    # not train bound: the rest's window, 120 s less the switch, brought forward by the groups arriving meanwhile
+    assert slack.take and slack.benefit_s == pytest.approx((120.0 - 4.0) / 3.5, abs=1e-3)
 
 
 def test_the_in_flight_context_is_measured_from_the_samples_latencies_and_lengths() -> None:
@@ -421,6 +440,20 @@ def test_the_stragglers_rest_is_read_from_the_ages_of_the_groups_rolling_out() -
     assert arrival_s(est.latencies, [], 1) == pytest.approx(50.0, abs=1e-3)  # not dispatched yet: age 0
     assert arrival_s(est.latencies, [55.0, 95.0], 0) == 0.0
     assert arrival_s(with_latencies(10.0, 20.0).latencies, [5.0], 1) is None
+
+
+def test_the_arrivals_within_a_horizon_are_read_from_the_same_ages() -> None:
+    """Latencies 10, 20, ..., 100 s. A group 55 s in is done within 25 s at even odds, within 45 s
+    surely (three of the five latencies over 55 s end by 80 s, all by 100 s); two more not dispatched
+    yet (age 0) are each done within 50 s at even odds; the count is capped at the groups missing."""
+    lats = with_latencies(*TEN_TO_HUNDRED).latencies
+    one = arrivals_within(lats, [55.0], 1)
+    assert one is not None and one(25.0) == pytest.approx(0.6) and one(45.0) == pytest.approx(1.0)
+    three = arrivals_within(lats, [55.0], 3)
+    assert three is not None and three(50.0) == pytest.approx(1.0 + 2 * 0.5)
+    assert three(1000.0) == 3.0
+    assert arrivals_within(lats, [55.0], 0) is None
+    assert arrivals_within(with_latencies(10.0, 20.0).latencies, [5.0], 1) is None
 
 
 def test_the_batch_waits_for_its_barrier_of_old_stragglers_whatever_else_is_ready() -> None:
