@@ -215,9 +215,10 @@ def test_train_is_the_bottleneck_when_a_batch_s_training_fills_the_step_period()
 
 def test_resources_kept_for_training_stay_train_bound_down_to_the_hold_share() -> None:
     """Hysteresis: the period is 202.5 s (`stepped(100)`); a batch of 64 groups trains on 4
-    resources in 160 s, 0.79 of it: below the 0.85 a free resource is judged by, so not train bound
-    for it, but a resource already kept for training stays train bound down to 0.7 (141.75 s): the
-    estimates moving with each completed group do not lend it seconds after it was kept."""
+    resources in 160 s, 0.79 of it: below the 0.85 the start rule judges by, so it weighs the
+    stragglers, but a free train-capable resource (kept for training, or freed by a step) stays train
+    bound for the lend rule down to 0.7 (141.75 s): the estimates moving with each completed group do
+    not lend it seconds before the start rule judges the step train bound and takes it back."""
     est = stepped(100.0)
     assert not train_bound(est, capable=4, batch_groups=64).take
     held = train_bound(est, capable=4, batch_groups=64, holding=True)
