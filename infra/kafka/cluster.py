@@ -134,10 +134,9 @@ class KafkaNode:
 
 
 #: The brokers' JIT: the client compiler (C1) only. A broker here lives minutes (a test session, a demo, a
-#: bench) on cores it shares with every service, and C2's compiler threads are what it spends most on then:
-#: sampled over the second half-minute of a spatiotemporal run of `bench/pipeline_e2e.py` (per-thread CPU of
-#: the broker), C2 took 0.32 of the 2 cores and request handling 0.17; with C1 only, the compiler no longer
-#: shows and request handling took 0.18. `jvm_flags=()` gives a long-lived broker the JVM's default tiers.
+#: bench) on cores it shares with every service, and C2's compiler threads were then its largest CPU cost
+#: (measured: docs/architecture.md, "Producer settings and codec cost"). `jvm_flags=()` gives a long-lived
+#: broker the JVM's default tiers.
 JIT_C1_ONLY = ("-XX:TieredStopAtLevel=1",)
 
 
