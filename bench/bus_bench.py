@@ -105,10 +105,12 @@ def bench_raw_packed(iterations: int) -> float:
 
 def bench_codec(iterations: int) -> tuple[float, float, int, int]:
     call = make_call()
-    decode_event(encode_event(call))  # build the registry and the converters before timing
+    # Checked once, before timing (which also builds the registry and the converters): the timed loops of both
+    # encodings do the same thing, encode then decode, with no comparison of what came back.
+    assert decode_event(encode_event(call)) == call
 
     def packed() -> None:
-        assert decode_event(encode_event(call)) == call
+        decode_event(encode_event(call))
 
     schema: Any = array_schema()
     record = call.to_avro()
@@ -120,8 +122,10 @@ def bench_codec(iterations: int) -> tuple[float, float, int, int]:
     def arrays() -> None:
         out = io.BytesIO()
         fastavro.schemaless_writer(out, schema, record)
-        read: Any = fastavro.schemaless_reader(io.BytesIO(out.getvalue()), schema, None)
-        assert len(read["output_ids"]) == 500
+        fastavro.schemaless_reader(io.BytesIO(out.getvalue()), schema, None)
+
+    read: Any = fastavro.schemaless_reader(io.BytesIO(buf.getvalue()), schema, None)
+    assert read["output_ids"] == record["output_ids"]
 
     packed_s, array_s = best_of(packed, iterations // 5), best_of(arrays, max(1, iterations // 50))
     return packed_s, array_s, len(encode_event(call)), len(buf.getvalue())
