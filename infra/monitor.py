@@ -13,7 +13,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from bus.config import BusConfig
-from bus.consumer import EventConsumer, Received, unique_group
+from bus.consumer import BATCHED_FETCH, EventConsumer, Received, unique_group
 from infra.scalars import ScalarWriter
 from schemas import events as ev
 from schemas.rollout_events import is_held_out
@@ -268,7 +268,7 @@ class RunMonitor:
         self.scalars = scalars  # the train metrics as TensorBoard scalars, written as their events arrive
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._consumer = EventConsumer(bus, unique_group(f"monitor-{run_id}"), TOPICS)
+        self._consumer = EventConsumer(bus, unique_group(f"monitor-{run_id}"), TOPICS, **BATCHED_FETCH)
         self._thread = threading.Thread(target=self._loop, name="run-monitor", daemon=True)
         self._last_event = time.monotonic()
 

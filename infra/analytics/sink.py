@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bus.config import BusConfig
-from bus.consumer import EventConsumer, Received
+from bus.consumer import BATCHED_FETCH, EventConsumer, Received
 from bus.errors import ConsumeError
 from bus.retry import Backoff, retry
 from infra.analytics.config import AnalyticsConfig
@@ -150,7 +150,7 @@ class AnalyticsSink:
         self.config = config
         self.bus = bus or config.bus_config()
         self.writer = AnalyticsWriter(store)
-        overrides: dict[str, Any] = {"session.timeout.ms": config.session_timeout_ms}
+        overrides: dict[str, Any] = {**BATCHED_FETCH, "session.timeout.ms": config.session_timeout_ms}
         if config.group_instance_id:
             overrides["group.instance.id"] = config.group_instance_id
         self.consumer = EventConsumer(self.bus, config.group_id, config.topics, **overrides)
