@@ -12,8 +12,9 @@ import math
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
@@ -34,10 +35,9 @@ _LAG_EVERY_S = 1.0  # how often a consumer with metrics reads its lag (after a p
 
 #: Overrides for a reader of every event of busy topics that needs no sub-second latency (the analytics sink,
 #: a run's monitor): the broker answers a fetch once 1 MiB is there or 200 ms passed. With librdkafka's
-#: `fetch.min.bytes` of 1 such a reader made a fetch round trip for nearly every event produced; batched, the
-#: broker's CPU in the demo's spatiotemporal run went 0.31 -> 0.24 cores at the same call rate
-#: (docs/architecture.md, "Service CPU per call").
-BATCHED_FETCH: Final[dict[str, Any]] = {"fetch.wait.max.ms": 200, "fetch.min.bytes": 1 << 20}
+#: `fetch.min.bytes` of 1 such a reader makes a fetch round trip for nearly every event produced, which the
+#: broker and the reader pay for in CPU (measured: docs/architecture.md, "Service CPU per call").
+BATCHED_FETCH: Final[Mapping[str, Any]] = MappingProxyType({"fetch.wait.max.ms": 200, "fetch.min.bytes": 1 << 20})
 
 
 @dataclass(frozen=True)
