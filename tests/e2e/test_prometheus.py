@@ -86,11 +86,16 @@ def test_prometheus_scrapes_every_service_of_a_short_job(kafka_cluster: KafkaClu
             server.wait_ready()
             wait_for(lambda: all(t["health"] == "up" for t in server.targets()) and len(server.targets()) == 5,
                      60, "every service's target up")
-            # the job's own work, as Prometheus stored it: calls served, their trajectories, a ready group
-            # (counters: a group is `ready` on the scheduler's gauge only until it is assigned, often
-            # between two scrapes)
+            # the job's own work, as Prometheus stored it: calls served, their tokens, their trajectories, a ready
+            # group (counters: a group is `ready` on the scheduler's gauge only until it is assigned, often
+            # between two scrapes). Each target is scraped on its own clock, so each service's series is waited
+            # for: the processor's trajectories can be scraped before the engine's next scrape shows the tokens
+            # that made them (seen once: the tokens series was missing).
             wait_for(lambda: _value(server, "sflow_processor_trajectories_total") > 0
-                     and _value(server, "sflow_processor_batches_ready_total") > 0, 120, "trajectories scraped")
+                     and _value(server, "sflow_processor_batches_ready_total") > 0
+                     and _value(server, "sflow_proxy_calls_served_total") > 0
+                     and _value(server, "sflow_proxy_added_latency_seconds_count") > 0
+                     and _value(server, "sflow_inference_generated_tokens_total") > 0, 120, "the job's work scraped")
             seen["stored"] = _stored(server)
             seen["calls"] = _value(server, "sflow_proxy_calls_served_total")
             seen["tokens"] = _latest(server, "sflow_inference_generated_tokens_total")
