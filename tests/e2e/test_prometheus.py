@@ -48,6 +48,10 @@ SERVICE_JOBS = {"proxy": "adapter", "inference": "infer-r0", "processor": "traje
                 "scheduler": "scheduler", "trainer": "trainer"}
 # no series until a request fails / a step ends (the trainer's other series exist from its start)
 ON_EVENT_ONLY = {"sflow_proxy_requests_failed_total", "sflow_trainer_steps_total"}
+# the job's work, by each service that does it (each target is scraped on its own clock)
+JOB_WORK = ("sflow_processor_trajectories_total", "sflow_processor_batches_ready_total",
+            "sflow_proxy_calls_served_total", "sflow_proxy_added_latency_seconds_count",
+            "sflow_inference_generated_tokens_total")
 
 
 def _free_port() -> int:
@@ -91,11 +95,7 @@ def test_prometheus_scrapes_every_service_of_a_short_job(kafka_cluster: KafkaClu
             # between two scrapes). Each target is scraped on its own clock, so each service's series is waited
             # for: the processor's trajectories can be scraped before the engine's next scrape shows the tokens
             # that made them (seen once: the tokens series was missing).
-            wait_for(lambda: _value(server, "sflow_processor_trajectories_total") > 0
-                     and _value(server, "sflow_processor_batches_ready_total") > 0
-                     and _value(server, "sflow_proxy_calls_served_total") > 0
-                     and _value(server, "sflow_proxy_added_latency_seconds_count") > 0
-                     and _value(server, "sflow_inference_generated_tokens_total") > 0, 120, "the job's work scraped")
+            wait_for(lambda: all(_value(server, series) > 0 for series in JOB_WORK), 120, "the job's work scraped")
             seen["stored"] = _stored(server)
             seen["calls"] = _value(server, "sflow_proxy_calls_served_total")
             seen["tokens"] = _latest(server, "sflow_inference_generated_tokens_total")
