@@ -176,7 +176,9 @@ class EventConsumer:
             if err is not None:
                 if err.code() == KafkaError._PARTITION_EOF:
                     continue
-                if err.fatal():
+                # librdkafka reports a fatal error as an event of code _FATAL whose own `fatal()` is False
+                # (seen: a static member fenced after a broker died, the scheduler then read nothing again)
+                if err.fatal() or err.code() == KafkaError._FATAL:
                     raise ConsumeError(err.str())
                 log.warning("consumer error: %s", err.str())
                 continue

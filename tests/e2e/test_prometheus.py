@@ -71,6 +71,21 @@ def _value(server: PrometheusServer, selector: str) -> float:
     return float(result[0]["value"][1]) if result else 0.0
 
 
+def _catalog_series() -> list[tuple[str, str]]:
+    """(series name, job) of every catalog series a short job must have stored."""
+    out = []
+    for metric in CATALOG:
+        if metric.name in ON_EVENT_ONLY:
+            continue
+        name = metric.name + "_count" if metric.kind == "histogram" else metric.name
+        # every consumer's: the trainer's consumer exists only once its model and optimizer are loaded (minutes
+        # for DeepSpeed on a loaded 2-core machine), so its lag is not waited for here
+        jobs = [j for j in SERVICE_JOBS.values() if j != "trainer"] if metric.service == "every consumer" else [
+            SERVICE_JOBS[metric.service]]
+        out += [(name, job) for job in jobs]
+    return out
+
+
 def _stored(server: PrometheusServer) -> set[tuple[str, str]]:
     """(series name, job) of every sflow_ series Prometheus stored."""
     return {(labels["__name__"], labels["job"]) for labels in server.series('{__name__=~"sflow_.+"}')}
@@ -92,10 +107,12 @@ def test_prometheus_scrapes_every_service_of_a_short_job(kafka_cluster: KafkaClu
                      60, "every service's target up")
             # the job's own work, as Prometheus stored it: calls served, their tokens, their trajectories, a ready
             # group (counters: a group is `ready` on the scheduler's gauge only until it is assigned, often
-            # between two scrapes). Each target is scraped on its own clock, so each service's series is waited
-            # for: the processor's trajectories can be scraped before the engine's next scrape shows the tokens
-            # that made them (seen once: the tokens series was missing).
-            wait_for(lambda: all(_value(server, series) > 0 for series in JOB_WORK), 120, "the job's work scraped")
+            # between two scrapes), and every catalog series. Each target is scraped on its own clock, so all of
+            # them are waited for: one service's series can be stored before another's next scrape shows what
+            # made them (seen: the engine's tokens, the scheduler's resource tags missing).
+            catalog = set(_catalog_series())
+            wait_for(lambda: all(_value(server, series) > 0 for series in JOB_WORK) and catalog <= _stored(server),
+                     120, "the job's work and every catalog series scraped")
             seen["stored"] = _stored(server)
             seen["calls"] = _value(server, "sflow_proxy_calls_served_total")
             seen["tokens"] = _latest(server, "sflow_inference_generated_tokens_total")
@@ -111,17 +128,8 @@ def test_prometheus_scrapes_every_service_of_a_short_job(kafka_cluster: KafkaClu
     result = run(RunConfig.model_validate(CONFIG), runs_root=tmp_path, cluster=kafka_cluster,
                  on_started=scrape_while_running)
 
-    stored = seen["stored"]
-    for metric in CATALOG:
-        if metric.name in ON_EVENT_ONLY:
-            continue
-        name = metric.name + "_count" if metric.kind == "histogram" else metric.name
-        # every consumer's: the trainer's consumer exists only once its model and optimizer are loaded (minutes
-        # for DeepSpeed on a loaded 2-core machine), so its lag is not waited for here
-        jobs = [j for j in SERVICE_JOBS.values() if j != "trainer"] if metric.service == "every consumer" else [
-            SERVICE_JOBS[metric.service]]
-        missing = [job for job in jobs if (name, job) not in stored]
-        assert not missing, f"{name} not scraped from {missing}"
+    missing = [(name, job) for name, job in _catalog_series() if (name, job) not in seen["stored"]]
+    assert not missing, f"not scraped (series, job): {missing}"
     # the values are the job's: what the proxy served is on the bus, tokens carry resource and version
     assert 0 < seen["calls"] <= result.adapter_stats["calls_served"]
     assert seen["latency_count"] > 0
