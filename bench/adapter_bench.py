@@ -43,7 +43,6 @@ import random
 import re
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -64,6 +63,7 @@ sys.path.insert(0, str(REPO))
 from agents_adapter.proxy.chat_codec import ChatCodec  # noqa: E402
 from bus.admin import ensure_topics  # noqa: E402
 from bus.config import BusConfig  # noqa: E402
+from bus.ports import free_port  # noqa: E402
 from bus.topics import TopicSpec  # noqa: E402
 from inference_svc.default_model import create_default_model  # noqa: E402
 from infra.kafka.cluster import KafkaCluster, free_base_port  # noqa: E402
@@ -105,11 +105,6 @@ def print_profile(path: Path, top: int, calls: int) -> None:
     for (file, line, name), (_, _, own, _, _) in sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:top]:
         print(f"{own / calls * 1000:>8.3f}  {file.replace(str(REPO) + '/', '')}:{line}({name})")
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:

@@ -19,3 +19,7 @@ class TopicError(BusError):
 
 class ProcessError(BusError):
     """A managed service process exited, or was not ready, when it had to be (the message has its log's tail)."""
+
+
+class PortError(BusError):
+    """No free listening port (or block of ports) below the kernel's ephemeral range."""

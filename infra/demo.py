@@ -14,7 +14,6 @@ import logging
 import os
 import secrets
 import signal
-import socket
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -27,6 +26,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from bus.admin import ensure_topics
 from bus.config import BusConfig
+from bus.ports import free_port
 from infra import stack
 from infra.errors import InfraError
 from infra.evaluator import evaluator_of
@@ -43,11 +43,6 @@ log = logging.getLogger("sflow.demo")
 console = Console()
 MODEL_NAME = "sflow-default"
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _adapter_stats(specs: list[ServiceSpec], admin_key: str) -> dict[str, object]:
@@ -323,7 +318,10 @@ def restart_exited(launcher: Launcher, restarts: Counter[str], max_restarts: int
     orchestrator would; every service recovers its state on a restart (the fault tests kill each one)."""
     for name in [n for n in launcher.specs if n not in launcher.running()]:
         if restarts[name] >= max_restarts:
-            raise InfraError(f"service {name} exited {restarts[name] + 1} times; see {launcher.logs}/{name}.log")
+            # the log's tail in the message: a CI run keeps the test's output, not the run directory
+            proc = launcher.procs[name]
+            raise InfraError(f"service {name} exited {restarts[name] + 1} times, last with status {proc.returncode}; "
+                             f"see {proc.log}, which ends:\n{proc.tail(25)}")
         restarts[name] += 1
         log.warning("service exited: restarting it", extra={"target": name, "restarts": restarts[name]})
         launcher.restart(name)

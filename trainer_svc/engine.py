@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from bus.ports import free_port
 from trainer_svc.config import EngineConfig
 from trainer_svc.errors import EngineError
 
@@ -39,12 +39,6 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def prepare_environment(device: str) -> None:
     """Sets what DeepSpeed reads at import and at process-group start, keeping anything already set."""
     accelerator = "cuda" if device == "cuda" else "cpu"
@@ -54,7 +48,7 @@ def prepare_environment(device: str) -> None:
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(_DEFAULT_EXTENSIONS_DIR))
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     if "MASTER_PORT" not in os.environ:
-        os.environ["MASTER_PORT"] = str(_free_port())
+        os.environ["MASTER_PORT"] = str(free_port())
     for name, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
         os.environ.setdefault(name, value)
 

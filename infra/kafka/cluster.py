@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from bus.errors import PortError
+from bus.ports import free_port
 from infra.errors import InfraError, KafkaStartError
 
 log = logging.getLogger("sflow.kafka")
@@ -77,26 +79,13 @@ def port_open(host: str, port: int, timeout: float = 0.3) -> bool:
         return False
 
 
-def free_base_port(nodes: int = 1, low: int = 20000, high: int = 40000) -> int:
+def free_base_port(nodes: int = 1) -> int:
     """A base port whose broker ports (base..base+nodes-1) and controller ports (+100) are all free,
     so several test sessions on one machine each get their own cluster."""
-    import random
-
-    for _ in range(200):
-        base = random.randrange(low, high - 200)
-        ports = [base + i for i in range(nodes)] + [base + 100 + i for i in range(nodes)]
-        if all(_bindable(p) for p in ports):
-            return base
-    raise InfraError(f"no free port block in [{low}, {high})")
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
+    try:
+        return free_port(offsets=[*range(nodes), *range(100, 100 + nodes)])
+    except PortError as e:
+        raise InfraError(str(e)) from e
 
 
 @dataclass(frozen=True)

@@ -18,11 +18,11 @@ from typing import Any, TypeVar
 
 import pytest
 
+from bus.ports import free_port
 from bus.process import ManagedProcess
 from infra.analytics.config import AnalyticsConfig, open_store
 from infra.analytics.errors import AnalyticsError
 from infra.analytics.store import ChdbStore
-from infra.demo import free_port
 from schemas import events as ev
 from tests.analytics.analytics_helpers import T0, ingest, llm_call, segment, timeline, train_completed
 from tests.system_packages import require

@@ -10,7 +10,6 @@ the values the job produced (calls served, tokens per resource and version, traj
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ import pytest
 import yaml
 
 from bus.metrics import CATALOG
+from bus.ports import free_port
 from infra.demo import run
 from infra.kafka.cluster import KafkaCluster
 from infra.prometheus import PrometheusServer, wait_for
@@ -53,11 +53,6 @@ JOB_WORK = ("sflow_processor_trajectories_total", "sflow_processor_batches_ready
             "sflow_proxy_calls_served_total", "sflow_proxy_added_latency_seconds_count",
             "sflow_inference_generated_tokens_total")
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _latest(server: PrometheusServer, selector: str) -> list[dict[str, Any]]:
@@ -100,7 +95,7 @@ def test_prometheus_scrapes_every_service_of_a_short_job(kafka_cluster: KafkaClu
         scrape["global"] = {"scrape_interval": "2s", "scrape_timeout": "2s"}
         fast = tmp_path / "prometheus-2s.yml"
         fast.write_text(yaml.safe_dump(scrape))
-        server = PrometheusServer(fast, tmp_path / "prometheus-data", _free_port())
+        server = PrometheusServer(fast, tmp_path / "prometheus-data", free_port())
         try:
             server.wait_ready()
             wait_for(lambda: all(t["health"] == "up" for t in server.targets()) and len(server.targets()) == 5,

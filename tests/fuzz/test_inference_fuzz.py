@@ -11,7 +11,6 @@ Self-contained (its own model and server fixtures): the suite's conftest belongs
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections import Counter
@@ -30,6 +29,7 @@ from pydantic import SecretStr
 from schemathesis import GenerationMode
 from schemathesis.core.result import Ok
 
+from bus.ports import free_port
 from inference_svc.app import create_app
 from inference_svc.config import InferenceConfig
 from inference_svc.default_model import create_default_model
@@ -42,18 +42,13 @@ KEY = "fuzz-control-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 @pytest.fixture(scope="module")
 def inference_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, NativeEngine]]:
     """`create_app` under uvicorn in a thread, on the default tiny model; yields (base URL, engine)."""
     torch.set_num_threads(1)
     model = create_default_model(tmp_path_factory.mktemp("fuzz-inference-model"), TINY_SPEC)
-    config = InferenceConfig(model_path=model, max_context=48, max_running_requests=8, port=_free_port(),
+    config = InferenceConfig(model_path=model, max_context=48, max_running_requests=8, port=free_port(),
                              control_key=SecretStr(KEY))
     app = create_app(config)
     server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, log_level="warning"))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -13,6 +12,7 @@ import pytest
 from bus.config import BusConfig
 from bus.consumer import EventConsumer, unique_group
 from bus.errors import ConsumeError
+from bus.ports import free_port
 from bus.process import ManagedProcess
 from bus.producer import EventProducer
 from bus.replay import replay
@@ -25,11 +25,6 @@ from schemas import events as ev
 pytestmark = pytest.mark.kafka
 REPO = Path(__file__).resolve().parents[2]
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture

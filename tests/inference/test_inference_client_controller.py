@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -12,6 +11,7 @@ from pathlib import Path
 import pytest
 import uvicorn
 
+from bus.ports import free_port
 from inference_svc.app import create_app
 from inference_svc.config import InferenceConfig
 from inference_svc.controller import InferenceController, describe_resource, weights_path_from_uri
@@ -25,11 +25,6 @@ pytestmark = pytest.mark.unit
 
 PROMPTS = [[1, 2, 3], [50, 51], [7] * 6, [200, 100, 50, 25]]
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture

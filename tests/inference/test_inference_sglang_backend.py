@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from bus.ports import free_port
 from inference_svc.config import InferenceConfig
 from inference_svc.sglang_backend import SGLangServer, launch_command, sglang_unavailable_reason, validate_with_sglang
 from schemas.inference.client import generate_payload
@@ -57,12 +58,8 @@ def test_our_generate_payloads_are_valid_sglang_requests() -> None:
 def test_sglang_server_serves_the_default_model_through_our_client(
     tiny_model_dir: Path, perturbed_model_dir: Path, tmp_path: Path
 ) -> None:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
-    config = InferenceConfig(model_path=tiny_model_dir, port=port, max_context=1024, sglang_startup_timeout_s=600)
+    config = InferenceConfig(model_path=tiny_model_dir, port=free_port(), max_context=1024,
+                             sglang_startup_timeout_s=600)
     with SGLangServer(config, log_path=tmp_path / "sglang.log") as server:
 
         async def scenario() -> None:

@@ -13,6 +13,16 @@ from infra.errors import InfraError
 pytestmark = pytest.mark.unit
 
 
+class Exited:
+    """What supervision reads of a service's last process: its status and its log."""
+
+    returncode = 1
+    log = "logs/scheduler.log"
+
+    def tail(self, lines: int) -> str:
+        return "OSError: [Errno 98] Address already in use"
+
+
 class Services:
     """Launcher's surface that supervision uses, over a set of names marked alive or not."""
 
@@ -20,6 +30,7 @@ class Services:
         self.specs = dict.fromkeys(names)
         self.alive = set(names)
         self.logs = "logs"
+        self.procs = {name: Exited() for name in names}
         self.restarted: list[str] = []
 
     def running(self) -> list[str]:
@@ -40,5 +51,6 @@ def test_an_exited_service_is_restarted_until_its_budget_is_spent() -> None:
         restart_exited(launcher, restarts, max_restarts=2)
     assert services.restarted == ["scheduler", "scheduler"] and restarts == {"scheduler": 2}
     services.alive.discard("scheduler")
-    with pytest.raises(InfraError, match="service scheduler exited 3 times"):
+    with pytest.raises(InfraError, match="service scheduler exited 3 times, last with status 1") as failed:
         restart_exited(launcher, restarts, max_restarts=2)
+    assert "Address already in use" in str(failed.value), "the message carries the log's tail (CI keeps no run dir)"
