@@ -44,7 +44,6 @@ console = Console()
 MODEL_NAME = "sflow-default"
 
 
-
 def _adapter_stats(specs: list[ServiceSpec], admin_key: str) -> dict[str, object]:
     """The proxy's own counters (calls served, recorded), read before it stops.
 
