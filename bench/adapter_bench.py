@@ -106,7 +106,6 @@ def print_profile(path: Path, top: int, calls: int) -> None:
         print(f"{own / calls * 1000:>8.3f}  {file.replace(str(REPO) + '/', '')}:{line}({name})")
 
 
-
 def start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     handle = log.open("wb")
     return subprocess.Popen([sys.executable, *args], cwd=REPO, env={**os.environ, **env}, stdout=handle,

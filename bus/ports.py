@@ -21,6 +21,7 @@ from bus.errors import PortError
 _EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 _LOWEST = 10_000  # below: ports that well-known local services are configured on
 _DEFAULT_EPHEMERAL_LOW = 32_768  # Linux's default when the range cannot be read
+_TRIES = 500  # random draws before giving up: a block is free at almost every draw on a test machine
 
 
 def ephemeral_low() -> int:
@@ -40,16 +41,16 @@ def bindable(port: int, host: str = "127.0.0.1") -> bool:
     return True
 
 
-def free_port(offsets: Iterable[int] = (0,), tries: int = 500) -> int:
+def free_port(offsets: Iterable[int] = (0,)) -> int:
     """A port (with `offsets`: a base port, each base + offset) free now and below the ephemeral range,
     so no outgoing connection takes it before its service binds it."""
     shifts = sorted(set(offsets))
-    high = min(ephemeral_low(), 65_536) - shifts[-1]
+    ceiling = ephemeral_low()
+    high = ceiling - shifts[-1]
     if high <= _LOWEST:
-        raise PortError(f"no room below the ephemeral range ({ephemeral_low()}) for ports at offsets {shifts}")
-    for _ in range(tries):
+        raise PortError(f"no room below the ephemeral range ({ceiling}) for ports at offsets {shifts}")
+    for _ in range(_TRIES):
         base = random.randrange(_LOWEST, high)
         if all(bindable(base + o) for o in shifts):
             return base
-    raise PortError(f"no free block of ports at offsets {shifts} in [{_LOWEST}, {high}) after {tries} tries")
-
+    raise PortError(f"no free block of ports at offsets {shifts} in [{_LOWEST}, {high}) after {_TRIES} tries")

@@ -15,7 +15,6 @@ from bus.process import ManagedProcess
 REPO = Path(__file__).resolve().parents[2]
 
 
-
 @contextmanager
 def serve(app: Any, port: int) -> Iterator[str]:
     """Runs an ASGI app under uvicorn in a thread; yields its base URL."""

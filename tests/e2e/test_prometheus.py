@@ -54,7 +54,6 @@ JOB_WORK = ("sflow_processor_trajectories_total", "sflow_processor_batches_ready
             "sflow_inference_generated_tokens_total")
 
 
-
 def _latest(server: PrometheusServer, selector: str) -> list[dict[str, Any]]:
     """The last sample of each series of `selector`: one scrape that timed out on the loaded machine
     marks a series stale, and a plain instant query then leaves it out."""

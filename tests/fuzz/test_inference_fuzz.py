@@ -42,7 +42,6 @@ KEY = "fuzz-control-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
-
 @pytest.fixture(scope="module")
 def inference_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, NativeEngine]]:
     """`create_app` under uvicorn in a thread, on the default tiny model; yields (base URL, engine)."""

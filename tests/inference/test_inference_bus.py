@@ -26,7 +26,6 @@ pytestmark = pytest.mark.kafka
 REPO = Path(__file__).resolve().parents[2]
 
 
-
 @pytest.fixture
 def service(bus_config: BusConfig, tiny_model_dir: Path, perturbed_model_dir: Path, tmp_path: Path) -> Iterator[str]:
     port = free_port()
@@ -104,8 +103,6 @@ def test_registers_beats_and_obeys_control(service: str, bus_config: BusConfig, 
         : len(reply.json()["output_ids"])
     ]
     watch.close()
-
-
 
 
 def test_heartbeats_stop_when_the_control_consumer_dies(

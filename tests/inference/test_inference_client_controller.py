@@ -26,7 +26,6 @@ pytestmark = pytest.mark.unit
 PROMPTS = [[1, 2, 3], [50, 51], [7] * 6, [200, 100, 50, 25]]
 
 
-
 @pytest.fixture
 def served(tiny_model_dir: Path, perturbed_model_dir: Path) -> Iterator[tuple[str, NativeEngine]]:
     """A real server in a thread; yields its base URL and its engine (for test-side waiting)."""

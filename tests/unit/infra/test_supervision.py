@@ -29,7 +29,6 @@ class Services:
     def __init__(self, *names: str) -> None:
         self.specs = dict.fromkeys(names)
         self.alive = set(names)
-        self.logs = "logs"
         self.procs = {name: Exited() for name in names}
         self.restarted: list[str] = []
 
