@@ -28,3 +28,10 @@ def test_the_colocated_baseline_is_on_policy_on_every_resource_and_the_rest_is_t
     assert a.tasks == b.tasks and a.agent == b.agent and a.trainer == b.trainer
     assert a.scheduler.train_batch_groups == b.scheduler.train_batch_groups
     assert a.scheduler.samples_per_task == b.scheduler.samples_per_task
+
+
+def test_one_pair_prints_its_ratio_and_several_print_each_and_their_median() -> None:
+    assert pipeline_e2e.ratio_lines([1.234]) == ["ratio rollout tokens/s spatiotemporal vs colocated_sync: 1.23x"]
+    each, final = pipeline_e2e.ratio_lines([1.2, 1.03, 1.19])
+    assert each == "ratio of each pair: 1.20x, 1.03x, 1.19x (min 1.03x, max 1.20x)"
+    assert final == "ratio rollout tokens/s spatiotemporal vs colocated_sync (median of 3 pairs): 1.19x"
