@@ -167,7 +167,8 @@ def service_specs(
                                                      "--group-id", f"sflow-analytics.{paths.root.name}"), env),
         ServiceSpec("trajectories", "agents_adapter.processor",
                     ("--data-dir", str(paths.root / "faust"), "--group-size", str(sched.samples_per_task),
-                     "--tick-interval-s", "1", *processor_flags), env, metrics_url=processor_url),
+                     "--tick-interval-s", "1", "--group-instance-id", "trajectories-0", *processor_flags),
+                    env, metrics_url=processor_url),
         *inference.values(),
     ]
     specs.append(ServiceSpec("scheduler", "scheduler_svc", (

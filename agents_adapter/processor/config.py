@@ -71,6 +71,10 @@ class ProcessorConfig(ConfigModel):
     session_timeout_s: float = Field(default=30.0, ge=6, le=300)
     """Kafka consumer session timeout (how long a killed worker holds its partitions before the group
     rebalances them; the broker's limits are 6 s to 300 s)."""
+    group_instance_id: str | None = None
+    """Static group membership (Kafka's group.instance.id): a worker restarted with the same id takes its
+    partitions back at once, where a dynamic member waits out the dead one's `session_timeout_s` (the job
+    stalls that long after a crash). Unique among the running workers of the group; None: dynamic."""
     broker_lost_timeout_s: float = Field(default=60.0, ge=1, le=3600)
     """With no broker of `bus` reachable for this long the worker logs it and exits with status 3 (its
     supervisor restarts it) instead of retrying forever ("Broker lost" in `bus.faust_liveness`)."""

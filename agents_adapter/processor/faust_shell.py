@@ -116,7 +116,10 @@ class TrajectoryProcessor:
             topic_partitions=self.n_partitions,
             broker_commit_interval=config.commit_interval_s,
             broker_session_timeout=config.session_timeout_s,
+            # Faust refuses a session timeout above the request timeout (default 90 s); the config allows 300
+            broker_request_timeout=max(90.0, config.session_timeout_s),
             broker_heartbeat_interval=min(3.0, config.session_timeout_s / 4),
+            consumer_group_instance_id=config.group_instance_id,
             processing_guarantee=config.processing_guarantee,
         )
         self.group_id = self.app.conf.id
