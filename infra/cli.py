@@ -127,7 +127,8 @@ def tail(
 
         def idle_check(batch: list[Received]) -> None:
             nonlocal last
-            if batch:
+            # idle counts from the group's assignment: joining a fresh broker's group takes seconds
+            if batch or not consumer.assigned():
                 last = time.monotonic()
             if idle_exit and time.monotonic() - last > idle_exit:
                 stop.set()
