@@ -65,7 +65,17 @@ class Launcher:
         return ManagedProcess(spec.module, spec.args, log=self.logs / f"{spec.name}.log", env=env, cpus=spec.cpus,
                               name=spec.name)
 
-    def start(self, spec: ServiceSpec, wait_s: float = 120.0) -> None:
+    def start_together(self, specs: Sequence[ServiceSpec], wait_s: float = 120.0) -> None:
+        """Starts every service, then waits for each to be healthy: services that need nothing of each other
+        (the inference engines, on cores of their own) load their models at the same time."""
+        for spec in specs:
+            self.start(spec, wait_s=None)
+        for spec in specs:
+            if spec.health_url:
+                self.wait_healthy(spec, wait_s)
+
+    def start(self, spec: ServiceSpec, wait_s: float | None = 120.0) -> None:
+        """Starts a service and waits up to `wait_s` for it to be healthy (None: does not wait)."""
         known = self.procs.get(spec.name)
         if known is not None and known.running():
             raise InfraError(f"service {spec.name} is already running (pid {known.pid})")
@@ -75,7 +85,7 @@ class Launcher:
         self.procs[spec.name] = proc
         self._write_pids()
         log.info("started", extra={"service_name": spec.name, "pid": proc.pid})
-        if spec.health_url:
+        if spec.health_url and wait_s is not None:
             self.wait_healthy(spec, wait_s)
 
     def wait_healthy(self, spec: ServiceSpec, wait_s: float) -> None:
