@@ -164,7 +164,9 @@ def service_specs(
     specs = [
         # A consumer group of its own per run: the sink's static membership would otherwise get back
         # the previous run's assignment (its topics) and never see this run's events.
-        ServiceSpec("analytics", "infra.analytics", ("--data-dir", str(paths.analytics),
+        # Inserts every 5 s, not every second: on the demo's two cores the sink's CPU went from 7-8 % of the
+        # machine to 2-3 % (bench/pipeline_e2e.py's CPU table), and nothing reads its rows mid-run.
+        ServiceSpec("analytics", "infra.analytics", ("--data-dir", str(paths.analytics), "--flush-interval-s", "5",
                                                      "--group-id", f"sflow-analytics.{paths.root.name}"), env),
         ServiceSpec("trajectories", "agents_adapter.processor",
                     ("--data-dir", str(paths.root / "faust"), "--group-size", str(sched.samples_per_task),
