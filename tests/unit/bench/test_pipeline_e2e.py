@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 
 from infra.run_config import RunConfig
@@ -35,3 +37,25 @@ def test_one_pair_prints_its_ratio_and_several_print_each_and_their_median() -> 
     each, final = pipeline_e2e.ratio_lines([1.2, 1.03, 1.19])
     assert each == "ratio of each pair: 1.20x, 1.03x, 1.19x (min 1.03x, max 1.20x)"
     assert final == "ratio rollout tokens/s spatiotemporal vs colocated_sync (median of 3 pairs): 1.19x"
+
+
+def test_command_lines_are_named_by_the_part_of_the_job_they_run() -> None:
+    def argv(*args: str) -> list[bytes]:
+        return [a.encode() for a in args] + [b""]  # /proc/<pid>/cmdline ends on a NUL
+
+    assert pipeline_e2e.program(argv("taskset", "-c", "1", "python", "-m", "inference_svc", "--port", "1")) == "engines"
+    assert pipeline_e2e.program(argv("python", "-m", "agents_adapter.processor")) == "processor"
+    assert pipeline_e2e.program(argv("python", "-m", "some.module")) == "some.module"
+    assert pipeline_e2e.program(argv("java", "-cp", "lib/*", "kafka.Kafka", "server.properties")) == "broker"
+    assert pipeline_e2e.program(argv("python", "bench/pipeline_e2e.py", "--steps", "4")) == "bench (run monitor)"
+    assert pipeline_e2e.program(argv("bash")) == "other"
+
+
+def test_cpu_shares_are_taken_between_the_first_and_last_sample_inside_the_window() -> None:
+    cpu = pipeline_e2e.HostCpu()
+    cpu.samples = [(0, 0, 0), (1_000, 100, 200), (2_000, 250, 400), (3_000, 400, 600)]
+    cpu.by_program = [(0, Counter()), (1_000, Counter(broker=20)), (2_000, Counter(broker=60, engines=50)),
+                      (3_000, Counter(broker=100, engines=150))]
+    assert cpu.busy_share(1_000, 3_000) == 300 / 400
+    assert cpu.program_shares(1_000, 3_000) == {"broker": 80 / 400, "engines": 150 / 400}
+    assert cpu.busy_share(1_500, 2_500) == 0.0 and cpu.program_shares(1_500, 2_500) == {}  # one sample only
