@@ -3,8 +3,8 @@ vs spatiotemporal, through every service and the real broker (infra.demo.run).
 
 Both runs get the same model (the cached warm-up), tasks, train batch, samples per task, engines and
 number of train steps; only the scheduler's policy differs. Printed: rollout tokens/s, samples/s,
-mean tagged utilisation, measured work (engine runs + train steps) and bubble of the resources, and the
-ratio spatiotemporal / colocated.
+the machine's busy CPU, mean tagged utilisation, measured work (engine runs + train steps) and bubble of the
+resources, a table of the machine's CPU by program, and the ratio spatiotemporal / colocated.
 
 Run: .venv/bin/python bench/pipeline_e2e.py [--steps 16] [--pairs 3]
 """
@@ -17,9 +17,12 @@ import sys
 import tempfile
 import threading
 import time
-from collections import Counter
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 from rich.console import Console
 from rich.table import Table
 
@@ -45,15 +48,24 @@ def job(policy: str, steps: int) -> RunConfig:
     return RunConfig.model_validate(base)
 
 
+@dataclass(frozen=True)
+class CpuSample:
+    """The machine's CPU seconds so far (busy, all) and each program's, at one instant."""
+
+    ms: int
+    busy_s: float
+    all_s: float
+    programs: Mapping[str, float]
+
+
 class HostCpu:
-    """Samples the machine's CPU counters (/proc/stat) while the runs go on. On this machine the engines, the
-    trainer, the broker and the host services share two cores, so the share of the CPU a run left idle is what
-    any policy could still turn into work: it bounds how far one pipeline can get ahead of another."""
+    """Samples the machine's CPU counters while the runs go on. On this machine the engines, the trainer, the
+    broker and the host services share two cores, so the share of the CPU a run left idle is what any policy
+    could still turn into work: it bounds how far one pipeline can get ahead of another."""
 
     def __init__(self, every_s: float = 0.5) -> None:
-        self.samples: list[tuple[int, int, int]] = []  # (ms, busy jiffies, all jiffies)
-        self.by_program: list[tuple[int, Counter[str]]] = []  # (ms, CPU jiffies so far of each program)
-        self._last: dict[int, tuple[str, int]] = {}  # pid -> (program, its CPU jiffies when last seen)
+        self.samples: list[CpuSample] = []
+        self._last: dict[int, tuple[str, float]] = {}  # pid -> (program, its CPU seconds when last seen)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, args=(every_s,), daemon=True)
 
@@ -67,47 +79,46 @@ class HostCpu:
 
     def _sample(self, every_s: float) -> None:
         while True:
-            fields = [int(f) for f in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
-            idle = fields[3] + fields[4] + fields[7]  # idle, iowait, steal (taken by the host's other guests)
-            ms = int(time.time() * 1000)
-            self.samples.append((ms, sum(fields) - idle, sum(fields)))
-            self.by_program.append((ms, self._programs()))
+            times = psutil.cpu_times()
+            counted = sum(times[:8])  # user .. steal, as /proc/stat's first line (guest is inside user)
+            idle = times.idle + times.iowait + times.steal  # steal: taken by the host's other guests
+            self.samples.append(CpuSample(int(time.time() * 1000), counted - idle, counted, self._programs()))
             if self._stop.wait(every_s):
                 return
 
-    def _programs(self) -> Counter[str]:
-        """CPU jiffies of every process seen so far, by program (a process that exited keeps its last count)."""
-        for proc in Path("/proc").iterdir():
-            if not proc.name.isdigit():
-                continue
-            try:
-                stat = (proc / "stat").read_text()
-                jiffies = sum(int(f) for f in stat.rsplit(")", 1)[1].split()[11:13])  # utime, stime
-                name = program((proc / "cmdline").read_bytes().split(b"\0"))  # read again: a fork execs later
-            except (OSError, ValueError, IndexError):  # exited between the listing and the read
-                continue
-            self._last[int(proc.name)] = (name, jiffies)
-        totals: Counter[str] = Counter()
-        for name, jiffies in self._last.values():
-            totals[name] += jiffies
+    def _programs(self) -> dict[str, float]:
+        """CPU seconds of every process seen so far, by program (a process that exited keeps its last count)."""
+        for proc in psutil.process_iter(["cmdline", "cpu_times"]):
+            cmdline, spent = proc.info["cmdline"], proc.info["cpu_times"]
+            if cmdline is not None and spent is not None:  # None: it exited or is not ours to read
+                self._last[proc.pid] = (program(cmdline), spent.user + spent.system)
+        totals: defaultdict[str, float] = defaultdict(float)
+        for name, seconds in self._last.values():
+            totals[name] += seconds
         return totals
 
-    def program_shares(self, start_ms: int, end_ms: int) -> dict[str, float]:
-        """Each program's share of the machine's CPU time between the two instants."""
-        inside = [s for s in self.by_program if start_ms <= s[0] <= end_ms]
-        machine = [s for s in self.samples if start_ms <= s[0] <= end_ms]
-        if len(inside) < 2 or len(machine) < 2:
-            return {}
-        spent = inside[-1][1] - inside[0][1]
-        return {name: n / max(1, machine[-1][2] - machine[0][2]) for name, n in spent.items()}
+    def _window(self, start_ms: int, end_ms: int) -> tuple[CpuSample, CpuSample] | None:
+        """The first and last sample between the two instants (None: fewer than two)."""
+        inside = [s for s in self.samples if start_ms <= s.ms <= end_ms]
+        return (inside[0], inside[-1]) if len(inside) >= 2 else None
 
     def busy_share(self, start_ms: int, end_ms: int) -> float:
         """Share of the CPU time between the two instants that was busy (0 when too short to sample)."""
-        inside = [s for s in self.samples if start_ms <= s[0] <= end_ms]
-        if len(inside) < 2:
+        window = self._window(start_ms, end_ms)
+        if window is None:
             return 0.0
-        (_, busy0, all0), (_, busy1, all1) = inside[0], inside[-1]
-        return (busy1 - busy0) / max(1, all1 - all0)
+        first, last = window
+        return (last.busy_s - first.busy_s) / max(1e-9, last.all_s - first.all_s)
+
+    def program_shares(self, start_ms: int, end_ms: int) -> dict[str, float]:
+        """Each program's share of the machine's CPU time between the two instants."""
+        window = self._window(start_ms, end_ms)
+        if window is None:
+            return {}
+        first, last = window
+        machine = max(1e-9, last.all_s - first.all_s)
+        spent = {name: s - first.programs.get(name, 0.0) for name, s in last.programs.items()}
+        return {name: s / machine for name, s in spent.items() if s > 0}
 
 
 PROGRAMS = {"inference_svc": "engines", "trainer_svc": "trainer", "agents_adapter.proxy": "proxy",
@@ -115,9 +126,8 @@ PROGRAMS = {"inference_svc": "engines", "trainer_svc": "trainer", "agents_adapte
             "infra.rollout_workers": "agents"}
 
 
-def program(argv: list[bytes]) -> str:
+def program(args: list[str]) -> str:
     """Which part of the job a command line is: a service module's name, the broker, or this bench."""
-    args = [a.decode(errors="replace") for a in argv if a]
     if "-m" in args[:-1]:
         module = args[args.index("-m") + 1]
         return PROGRAMS.get(module, module)
@@ -128,8 +138,19 @@ def program(argv: list[bytes]) -> str:
     return "other"
 
 
+def token_window(result: RunResult) -> tuple[int, int] | None:
+    """The run's first and last output token (ms): the span its tokens/s and its CPU shares are measured on."""
+    tokens = result.state.output_tokens
+    return (tokens[0][0], tokens[-1][0]) if tokens else None
+
+
+def row_label(name: str, pair: int, pairs: int) -> str:
+    return name if pairs == 1 else f"{name} #{pair + 1}"
+
+
 def measures(result: RunResult, cpu: HostCpu) -> dict[str, float]:
     s = result.state
+    window = token_window(result)
     span_s = max(1e-3, (s.end_ms - (s.output_tokens[0][0] if s.output_tokens else s.end_ms)) / 1000)
     util = s.utilisation()
     busy = sum(b for b, _ in util.values()) / max(1, len(util))
@@ -138,7 +159,7 @@ def measures(result: RunResult, cpu: HostCpu) -> dict[str, float]:
     return {"tokens/s": s.mean_tokens_per_s, "samples/s": s.trajectories / span_s, "utilisation": busy,
             "work": sum(work.values()) / max(1, len(work)), "bubble": idle, "steps": float(s.steps),
             "spanning": float(s.calls_spanning_update), "calls": float(s.calls),
-            "cpu": cpu.busy_share(s.output_tokens[0][0], s.output_tokens[-1][0]) if s.output_tokens else 0.0}
+            "cpu": cpu.busy_share(*window) if window else 0.0}
 
 
 def main() -> None:
@@ -172,7 +193,7 @@ def main() -> None:
         table.add_column(col, justify="right")
     for i, (pair, shares) in enumerate(zip(results, rollout, strict=True)):
         for name, m in pair.items():
-            table.add_row(name if args.pairs == 1 else f"{name} #{i + 1}", f"{m['tokens/s']:.1f}",
+            table.add_row(row_label(name, i, args.pairs), f"{m['tokens/s']:.1f}",
                           f"{m['samples/s']:.2f}", f"{m['cpu']:.0%}", f"{m['utilisation']:.0%}", f"{m['work']:.0%}",
                           f"{m['bubble']:.0%}",
                           f"{m['steps']:.0f}", f"{m['spanning']:.0f} / {m['calls']:.0f}",
@@ -190,15 +211,15 @@ def main() -> None:
 
 def cpu_table(runs: list[dict[str, RunResult]], cpu: HostCpu) -> Table:
     """Where each run's CPU went, as shares of the machine between its first and last output token."""
-    shares = {(name, i): cpu.program_shares(r.state.output_tokens[0][0], r.state.output_tokens[-1][0])
-              for i, pair in enumerate(runs) for name, r in pair.items() if r.state.output_tokens}
+    shares = {row_label(name, i, len(runs)): cpu.program_shares(*window)
+              for i, pair in enumerate(runs) for name, r in pair.items() if (window := token_window(r))}
     programs = sorted({p for s in shares.values() for p, v in s.items() if v >= 0.005},
                       key=lambda p: -sum(s.get(p, 0.0) for s in shares.values()))
     table = Table(title="machine CPU by program (share of 2 cores)")
     for col in ("pipeline", *programs):
         table.add_column(col, justify="right")
-    for (name, i), s in shares.items():
-        table.add_row(name if len(runs) == 1 else f"{name} #{i + 1}", *(f"{s.get(p, 0.0):.0%}" for p in programs))
+    for label, s in shares.items():
+        table.add_row(label, *(f"{s.get(p, 0.0):.0%}" for p in programs))
     return table
 
 

@@ -40,22 +40,20 @@ def test_one_pair_prints_its_ratio_and_several_print_each_and_their_median() -> 
 
 
 def test_command_lines_are_named_by_the_part_of_the_job_they_run() -> None:
-    def argv(*args: str) -> list[bytes]:
-        return [a.encode() for a in args] + [b""]  # /proc/<pid>/cmdline ends on a NUL
-
-    assert pipeline_e2e.program(argv("taskset", "-c", "1", "python", "-m", "inference_svc", "--port", "1")) == "engines"
-    assert pipeline_e2e.program(argv("python", "-m", "agents_adapter.processor")) == "processor"
-    assert pipeline_e2e.program(argv("python", "-m", "some.module")) == "some.module"
-    assert pipeline_e2e.program(argv("java", "-cp", "lib/*", "kafka.Kafka", "server.properties")) == "broker"
-    assert pipeline_e2e.program(argv("python", "bench/pipeline_e2e.py", "--steps", "4")) == "bench (run monitor)"
-    assert pipeline_e2e.program(argv("bash")) == "other"
+    assert pipeline_e2e.program(["taskset", "-c", "1", "python", "-m", "inference_svc", "--port", "1"]) == "engines"
+    assert pipeline_e2e.program(["python", "-m", "agents_adapter.processor"]) == "processor"
+    assert pipeline_e2e.program(["python", "-m", "some.module"]) == "some.module"
+    assert pipeline_e2e.program(["java", "-cp", "lib/*", "kafka.Kafka", "server.properties"]) == "broker"
+    assert pipeline_e2e.program(["python", "bench/pipeline_e2e.py", "--steps", "4"]) == "bench (run monitor)"
+    assert pipeline_e2e.program(["bash"]) == "other"
 
 
 def test_cpu_shares_are_taken_between_the_first_and_last_sample_inside_the_window() -> None:
     cpu = pipeline_e2e.HostCpu()
-    cpu.samples = [(0, 0, 0), (1_000, 100, 200), (2_000, 250, 400), (3_000, 400, 600)]
-    cpu.by_program = [(0, Counter()), (1_000, Counter(broker=20)), (2_000, Counter(broker=60, engines=50)),
-                      (3_000, Counter(broker=100, engines=150))]
+    sample = pipeline_e2e.CpuSample
+    cpu.samples = [sample(0, 0, 0, Counter()), sample(1_000, 100, 200, Counter(broker=20)),
+                   sample(2_000, 250, 400, Counter(broker=60, engines=50)),
+                   sample(3_000, 400, 600, Counter(broker=100, engines=150))]
     assert cpu.busy_share(1_000, 3_000) == 300 / 400
     assert cpu.program_shares(1_000, 3_000) == {"broker": 80 / 400, "engines": 150 / 400}
     assert cpu.busy_share(1_500, 2_500) == 0.0 and cpu.program_shares(1_500, 2_500) == {}  # one sample only
