@@ -60,6 +60,8 @@ import psutil
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from proxy_steps import STEPS, measure_steps  # noqa: E402  (bench/, the script's directory)
+
 from agents_adapter.proxy.chat_codec import ChatCodec  # noqa: E402
 from bus.admin import ensure_topics  # noqa: E402
 from bus.config import BusConfig  # noqa: E402
@@ -318,7 +320,7 @@ async def measure(args: argparse.Namespace, codec: ChatCodec, engine_url: str, p
         idle = {k: v - idle_before.get(k, 0.0) for k, v in thread_cpu(proxy_proc).items()}
         print("proxy CPU while idle, ms/s: " + ", ".join(f"{k} {v / 3:.1f}" for k, v in sorted(idle.items()) if v > 0))
         ratio, proxy_cpu_ms = await latency_table(args, direct, through_proxy, proxy_proc)
-        await floor_row(args, through_proxy("floor", floor.url), floor.proc, proxy_cpu_ms)
+        await floor_row(args, through_proxy("floor", floor.url), floor.proc, proxy_cpu_ms, codec)
         await capacity(args, http, through_proxy, proxy_url, proxy_proc)
         print(f"\nratio proxy/direct p50 latency: {ratio:.2f}x")
 
@@ -369,8 +371,11 @@ async def latency_table(args: argparse.Namespace, direct: Turn, through_proxy: C
     return ratio, back_to_back_cpu_ms
 
 
-async def floor_row(args: argparse.Namespace, floor: Turn, floor_proc: psutil.Process, proxy_cpu_ms: float) -> None:
-    """The floor's CPU per call over the back-to-back session (same conversations, after a warm-up)."""
+async def floor_row(args: argparse.Namespace, floor: Turn, floor_proc: psutil.Process, proxy_cpu_ms: float,
+                    codec: ChatCodec) -> None:
+    """The floor's CPU per call over the back-to-back session (same conversations, after a warm-up), and the
+    proxy's drift-proof steps timed in process (`bench/proxy_steps.py`): floor + steps is what the proxy could
+    cost with nothing else around them."""
     await run_sessions(8, floor, 2, seed=0)
     before = floor_proc.cpu_times()
     calls = 0
@@ -381,6 +386,13 @@ async def floor_row(args: argparse.Namespace, floor: Turn, floor_proc: psutil.Pr
     floor_ms = cpu_spent_ms(before, after) / max(1, calls)
     print(f"1 session, back to back: floor CPU {floor_ms:.2f} ms/call (bench/proxy_floor.py: server, engine request, "
           f"store, Kafka acks=all); the proxy above it: {proxy_cpu_ms - floor_ms:.2f} ms/call")
+    spent, steps_calls = measure_steps(codec, args.sequential_turns, rounds=2)
+    steps_ms = {name: spent[name] / max(1, steps_calls) * 1000 for name in STEPS}
+    total = sum(steps_ms.values())
+    print("  the drift-proof steps, in process (bench/proxy_steps.py), ms/call: "
+          + " + ".join(f"{name} {ms:.2f}" for name, ms in steps_ms.items())
+          + f" = {total:.2f}; floor + steps {floor_ms + total:.2f}, the rest of the proxy "
+          f"{proxy_cpu_ms - floor_ms - total:.2f}")
 
 
 async def capacity(args: argparse.Namespace, http: httpx.AsyncClient, through_proxy: Callable[[str], Turn],

@@ -1,0 +1,33 @@
+"""bench/proxy_steps.py: the steps it times are the proxy's own, and its token-in/token-out prompts are the
+ones a full render gives (else its timings would be of a different computation)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agents_adapter.proxy.chat_codec import ChatCodec
+from inference_svc.default_model import create_default_model
+from tests.unit.bench.bench_modules import load_bench
+
+pytestmark = pytest.mark.unit
+
+proxy_steps = load_bench("proxy_steps")
+
+
+def test_every_step_is_timed_on_every_measured_call(tmp_path: Path) -> None:
+    codec = ChatCodec.from_model_dir(create_default_model(tmp_path / "model"))
+    spent, calls = proxy_steps.measure_steps(codec, turns=6, rounds=2)
+    assert calls == 12  # the warm-up session is not counted
+    assert set(spent) == {*proxy_steps.STEPS, "full re-render"}
+    assert all(seconds > 0 for seconds in spent.values())
+
+
+def test_a_prompt_that_differs_from_the_full_render_stops_the_bench(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    codec = ChatCodec.from_model_dir(create_default_model(tmp_path / "model"))
+    render = codec.render
+    monkeypatch.setattr(codec, "render", lambda messages, *a, **k: render(messages, *a, **k) + " ")
+    with pytest.raises(SystemExit, match="differs from the full render"):
+        proxy_steps.measure_steps(codec, turns=3, rounds=1)
