@@ -21,6 +21,8 @@ The floor: `bench/proxy_floor.py`, a server doing only what no proxy with these 
 server stack, one engine request, one store transaction, one Kafka record with acks=all, a JSON reply), is run
 through the same back-to-back session; its CPU per call is printed under the proxy's, and what the proxy spends
 above it is the cost of templating, token-in/token-out, validation, typed events and session bookkeeping.
+Under it, those drift-proof steps timed in process (`bench/proxy_steps.py`) and what is left of the proxy's CPU
+beyond floor + steps.
 
 First, right after start-up: the proxy's RSS (at most 250 MB: it imports no torch) and whether torch
 is mapped into its process.
