@@ -40,6 +40,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from agents_adapter.proxy.chat_codec import ChatCodec  # noqa: E402
+from agents_adapter.proxy.config import AdapterConfig  # noqa: E402
 from agents_adapter.proxy.http_requests import validate_body  # noqa: E402
 from agents_adapter.proxy.openai_models import BodyLimits, ChatCompletionRequest  # noqa: E402
 from agents_adapter.proxy.recording import llm_call  # noqa: E402
@@ -55,9 +56,12 @@ MAX_DEPTH = 64  # AdapterConfig.max_json_depth's default
 CALLS_KEPT = 64  # AdapterConfig.calls_cached_per_session's default
 
 
-def measure_steps(codec: ChatCodec, turns: int, rounds: int, seed: int = 0) -> tuple[dict[str, float], int]:
+def measure_steps(codec: ChatCodec, turns: int, rounds: int, context_tokens: int, seed: int = 0,
+                  ) -> tuple[dict[str, float], int]:
     """CPU seconds of each step (and of the baseline, "full re-render") summed over the calls of `rounds`
-    sessions of `turns` turns after a first, unmeasured one (warm caches); and the number of calls."""
+    sessions of `turns` turns after a first, unmeasured one (warm caches); and the number of calls. A session
+    ends where its prompt leaves no room for the reply in `context_tokens`, as the proxy refuses it there
+    (`AdapterConfig.context_tokens`) and `adapter_bench`'s session ends."""
     tito = TitoBuilder(codec, CALLS_KEPT)
     rng = random.Random(seed)
     spent: defaultdict[str, float] = defaultdict(float)
@@ -74,6 +78,8 @@ def measure_steps(codec: ChatCodec, turns: int, rounds: int, seed: int = 0) -> t
             marks.append(time.thread_time())
             prompt = tito.chat_prompt(state, for_template, None)
             marks.append(time.thread_time())
+            if len(prompt.ids) >= context_tokens:
+                break
             output = codec.encode(rng.choice(WORDS))[:1]
             reply = {"role": "assistant", "content": codec.decode(output)}
             tito.remember_chat(state, prompt, reply, new_call_id(), output)
@@ -104,10 +110,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4, help="measured sessions (after one warm-up session)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as work:
-        codec = ChatCodec.from_model_dir(create_default_model(Path(work) / "model"))
-        spent, calls = measure_steps(codec, args.turns, args.rounds)
+        model = create_default_model(Path(work) / "model")
+        codec = ChatCodec.from_model_dir(model)
+        spent, calls = measure_steps(codec, args.turns, args.rounds, AdapterConfig(model_path=model).context_tokens())
     per_call = {name: seconds / max(1, calls) * 1000 for name, seconds in spent.items()}
-    print(f"proxy steps of a chat call, in process ({calls} calls, {args.turns}-turn sessions, thread CPU)")
+    print(f"proxy steps of a chat call, in process ({calls} calls, sessions of up to {args.turns} turns, thread CPU)")
     print(f"{'step':<16}{'ms/call':>9}")
     for name in STEPS:
         print(f"{name:<16}{per_call[name]:>9.3f}")
