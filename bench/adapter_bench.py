@@ -235,8 +235,8 @@ def main() -> None:
         wait_http(floor.url, procs[2], floor_log)
         proxy_proc = psutil.Process(procs[1].pid)
         startup_footprint(proxy_proc)
-        context_tokens = AdapterConfig(model_path=model).context_tokens()  # where the proxy ends a session
-        asyncio.run(measure(args, codec, engine_url, proxy_url, model.name, proxy_proc, floor, context_tokens))
+        proxy_config = AdapterConfig(model_path=model)  # the proxy's defaults, for bench/proxy_steps.py
+        asyncio.run(measure(args, codec, engine_url, proxy_url, model.name, proxy_proc, floor, proxy_config))
         if args.profile:
             print_profile(work / "proxy.prof", args.profile, args.sequential_turns)
     finally:
@@ -288,7 +288,7 @@ class Floor:
 
 
 async def measure(args: argparse.Namespace, codec: ChatCodec, engine_url: str, proxy_url: str, model: str,
-                  proxy_proc: psutil.Process, floor: Floor, context_tokens: int) -> None:
+                  proxy_proc: psutil.Process, floor: Floor, proxy_config: AdapterConfig) -> None:
     limits = httpx.Limits(max_connections=args.open_sessions + 64, max_keepalive_connections=args.open_sessions + 64)
     async with httpx.AsyncClient(timeout=600.0, limits=limits) as http:
 
@@ -324,7 +324,7 @@ async def measure(args: argparse.Namespace, codec: ChatCodec, engine_url: str, p
         idle = {k: v - idle_before.get(k, 0.0) for k, v in thread_cpu(proxy_proc).items()}
         print("proxy CPU while idle, ms/s: " + ", ".join(f"{k} {v / 3:.1f}" for k, v in sorted(idle.items()) if v > 0))
         ratio, proxy_cpu_ms = await latency_table(args, direct, through_proxy, proxy_proc)
-        await floor_row(args, through_proxy("floor", floor.url), floor.proc, proxy_cpu_ms, codec, context_tokens)
+        await floor_row(args, through_proxy("floor", floor.url), floor.proc, proxy_cpu_ms, codec, proxy_config)
         await capacity(args, http, through_proxy, proxy_url, proxy_proc)
         print(f"\nratio proxy/direct p50 latency: {ratio:.2f}x")
 
@@ -376,7 +376,7 @@ async def latency_table(args: argparse.Namespace, direct: Turn, through_proxy: C
 
 
 async def floor_row(args: argparse.Namespace, floor: Turn, floor_proc: psutil.Process, proxy_cpu_ms: float,
-                    codec: ChatCodec, context_tokens: int) -> None:
+                    codec: ChatCodec, proxy_config: AdapterConfig) -> None:
     """The floor's CPU per call over the back-to-back session (same conversations, after a warm-up), and the
     proxy's drift-proof steps timed in process (`bench/proxy_steps.py`): floor + steps is what the proxy could
     cost with nothing else around them."""
@@ -390,7 +390,7 @@ async def floor_row(args: argparse.Namespace, floor: Turn, floor_proc: psutil.Pr
     floor_ms = cpu_spent_ms(before, after) / max(1, calls)
     print(f"1 session, back to back: floor CPU {floor_ms:.2f} ms/call (bench/proxy_floor.py: server, engine request, "
           f"store, Kafka acks=all); the proxy above it: {proxy_cpu_ms - floor_ms:.2f} ms/call")
-    spent, steps_calls = measure_steps(codec, args.sequential_turns, 2, context_tokens)
+    spent, steps_calls = measure_steps(codec, proxy_config, args.sequential_turns, 2)
     steps_ms = {name: spent[name] / max(1, steps_calls) * 1000 for name in STEPS}
     total = sum(steps_ms.values())
     print("  the drift-proof steps, in process (bench/proxy_steps.py), ms/call: "

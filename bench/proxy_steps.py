@@ -42,7 +42,7 @@ sys.path.insert(0, str(REPO))
 from agents_adapter.proxy.chat_codec import ChatCodec  # noqa: E402
 from agents_adapter.proxy.config import AdapterConfig  # noqa: E402
 from agents_adapter.proxy.http_requests import validate_body  # noqa: E402
-from agents_adapter.proxy.openai_models import BodyLimits, ChatCompletionRequest  # noqa: E402
+from agents_adapter.proxy.openai_models import ChatCompletionRequest  # noqa: E402
 from agents_adapter.proxy.recording import llm_call  # noqa: E402
 from agents_adapter.proxy.session_cache import SessionState  # noqa: E402
 from agents_adapter.proxy.stitching import StitchedCall  # noqa: E402
@@ -52,17 +52,16 @@ from schemas.events import encode_event  # noqa: E402
 
 WORDS = ("alpha", "beta", "gamma", "delta", "sum", "of", "twelve", "and", "seven", "please", "compute", "then")
 STEPS = ("validate", "prompt", "remember", "event")
-MAX_DEPTH = 64  # AdapterConfig.max_json_depth's default
-CALLS_KEPT = 64  # AdapterConfig.calls_cached_per_session's default
 
 
-def measure_steps(codec: ChatCodec, turns: int, rounds: int, context_tokens: int, seed: int = 0,
+def measure_steps(codec: ChatCodec, config: AdapterConfig, turns: int, rounds: int, seed: int = 0,
                   ) -> tuple[dict[str, float], int]:
     """CPU seconds of each step (and of the baseline, "full re-render") summed over the calls of `rounds`
-    sessions of `turns` turns after a first, unmeasured one (warm caches); and the number of calls. A session
-    ends where its prompt leaves no room for the reply in `context_tokens`, as the proxy refuses it there
-    (`AdapterConfig.context_tokens`) and `adapter_bench`'s session ends."""
-    tito = TitoBuilder(codec, CALLS_KEPT)
+    sessions of `turns` turns after a first, unmeasured one (warm caches); and the number of calls. The proxy's
+    limits are `config`'s; a session ends where its prompt leaves no room for the reply in the model's context,
+    as the proxy refuses it there and `adapter_bench`'s session ends."""
+    tito = TitoBuilder(codec, config.calls_cached_per_session)
+    context_tokens, limits = config.context_tokens(), config.body_limits()
     rng = random.Random(seed)
     spent: defaultdict[str, float] = defaultdict(float)
     calls = 0
@@ -73,7 +72,7 @@ def measure_steps(codec: ChatCodec, turns: int, rounds: int, context_tokens: int
             messages.append({"role": "user", "content": " ".join(rng.choices(WORDS, k=rng.randint(4, 12)))})
             body = json.dumps({"model": "bench", "messages": messages, "max_tokens": 1}).encode()
             marks = [time.thread_time()]
-            request = validate_body(body, ChatCompletionRequest, MAX_DEPTH, BodyLimits())
+            request = validate_body(body, ChatCompletionRequest, config.max_json_depth, limits)
             for_template = [m.for_template() for m in request.messages]
             marks.append(time.thread_time())
             prompt = tito.chat_prompt(state, for_template, None)
@@ -94,13 +93,13 @@ def measure_steps(codec: ChatCodec, turns: int, rounds: int, context_tokens: int
             full = codec.encode(codec.render(for_template))
             marks.append(time.thread_time())
             messages.append(reply)
+            if full != prompt.ids:
+                raise SystemExit(f"turn {turn}: the token-in/token-out prompt differs from the full render")
             if session == 0:
                 continue  # the warm-up session
             calls += 1
             for name, (start, end) in zip((*STEPS, "full re-render"), pairwise(marks), strict=True):
                 spent[name] += end - start
-            if full != prompt.ids:
-                raise SystemExit(f"turn {turn}: the token-in/token-out prompt differs from the full render")
     return dict(spent), calls
 
 
@@ -112,7 +111,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as work:
         model = create_default_model(Path(work) / "model")
         codec = ChatCodec.from_model_dir(model)
-        spent, calls = measure_steps(codec, args.turns, args.rounds, AdapterConfig(model_path=model).context_tokens())
+        spent, calls = measure_steps(codec, AdapterConfig(model_path=model), args.turns, args.rounds)
     per_call = {name: seconds / max(1, calls) * 1000 for name, seconds in spent.items()}
     print(f"proxy steps of a chat call, in process ({calls} calls, sessions of up to {args.turns} turns, thread CPU)")
     print(f"{'step':<16}{'ms/call':>9}")
