@@ -390,11 +390,10 @@ async def floor_row(args: argparse.Namespace, floor: Turn, floor_proc: psutil.Pr
     floor_ms = cpu_spent_ms(before, after) / max(1, calls)
     print(f"1 session, back to back: floor CPU {floor_ms:.2f} ms/call (bench/proxy_floor.py: server, engine request, "
           f"store, Kafka acks=all); the proxy above it: {proxy_cpu_ms - floor_ms:.2f} ms/call")
-    spent, steps_calls = measure_steps(codec, proxy_config, args.sequential_turns, 2)
-    steps_ms = {name: spent[name] / max(1, steps_calls) * 1000 for name in STEPS}
-    total = sum(steps_ms.values())
+    steps_ms, _ = measure_steps(codec, proxy_config, args.sequential_turns, 2)
+    total = sum(steps_ms[name] for name in STEPS)
     print("  the drift-proof steps, in process (bench/proxy_steps.py), ms/call: "
-          + " + ".join(f"{name} {ms:.2f}" for name, ms in steps_ms.items())
+          + " + ".join(f"{name} {steps_ms[name]:.2f}" for name in STEPS)
           + f" = {total:.2f}; floor + steps {floor_ms + total:.2f}, the rest of the proxy "
           f"{proxy_cpu_ms - floor_ms - total:.2f}")
 

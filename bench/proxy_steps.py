@@ -56,8 +56,8 @@ STEPS = ("validate", "prompt", "remember", "event")
 
 def measure_steps(codec: ChatCodec, config: AdapterConfig, turns: int, rounds: int, seed: int = 0,
                   ) -> tuple[dict[str, float], int]:
-    """CPU seconds of each step (and of the baseline, "full re-render") summed over the calls of `rounds`
-    sessions of `turns` turns after a first, unmeasured one (warm caches); and the number of calls. The proxy's
+    """CPU ms per call of each step (and of the baseline, "full re-render") over the calls of `rounds` sessions
+    of `turns` turns after a first, unmeasured one (warm caches); and the number of calls. The proxy's
     limits are `config`'s; a session ends where its prompt leaves no room for the reply in the model's context,
     as the proxy refuses it there and `adapter_bench`'s session ends."""
     tito = TitoBuilder(codec, config.calls_cached_per_session)
@@ -100,7 +100,7 @@ def measure_steps(codec: ChatCodec, config: AdapterConfig, turns: int, rounds: i
             calls += 1
             for name, (start, end) in zip((*STEPS, "full re-render"), pairwise(marks), strict=True):
                 spent[name] += end - start
-    return dict(spent), calls
+    return {name: seconds / max(1, calls) * 1000 for name, seconds in spent.items()}, calls
 
 
 def main() -> None:
@@ -111,8 +111,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as work:
         model = create_default_model(Path(work) / "model")
         codec = ChatCodec.from_model_dir(model)
-        spent, calls = measure_steps(codec, AdapterConfig(model_path=model), args.turns, args.rounds)
-    per_call = {name: seconds / max(1, calls) * 1000 for name, seconds in spent.items()}
+        per_call, calls = measure_steps(codec, AdapterConfig(model_path=model), args.turns, args.rounds)
     print(f"proxy steps of a chat call, in process ({calls} calls, sessions of up to {args.turns} turns, thread CPU)")
     print(f"{'step':<16}{'ms/call':>9}")
     for name in STEPS:
