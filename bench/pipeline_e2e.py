@@ -205,8 +205,9 @@ def main() -> None:
           f"run: {', '.join(capable)} (its rollout work there is what it did while lent between steps)")
     print("host CPU busy: share of the machine's two cores busy (any process) between the run's first and last "
           "output token; what a run leaves idle bounds what any policy can add on this machine")
-    print("\n".join(ratio_lines([m["spatiotemporal"]["tokens/s"] / max(1e-9, m["colocated"]["tokens/s"])
-                                 for m in results])))
+    ratios = [m["spatiotemporal"]["tokens/s"] / max(1e-9, m["colocated"]["tokens/s"]) for m in results]
+    print(ceiling_line(ratios, [m["spatiotemporal"]["cpu"] for m in results]))
+    print("\n".join(ratio_lines(ratios)))
 
 
 def cpu_table(runs: list[dict[str, RunResult]], cpu: HostCpu) -> Table:
@@ -221,6 +222,17 @@ def cpu_table(runs: list[dict[str, RunResult]], cpu: HostCpu) -> Table:
     for label, s in shares.items():
         table.add_row(label, *(f"{s.get(p, 0.0):.0%}" for p in programs))
     return table
+
+
+def ceiling_line(ratios: list[float], spatiotemporal_busy: list[float]) -> str:
+    """What each pair's spatiotemporal run would make with the whole machine busy at its measured CPU per
+    token: on two cores shared by the devices and the services, no policy gets beyond it (lending turns
+    idle device time into work; when the machine's CPU is what is idle, only CPU left idle can be turned)."""
+    ceilings = [r / b for r, b in zip(ratios, spatiotemporal_busy, strict=True) if b > 0]
+    if not ceilings:
+        return "ceiling on this machine: not measured (no CPU samples in a spatiotemporal run's window)"
+    return (f"ceiling on this machine (spatiotemporal at 100 % host CPU busy, its CPU per token as measured): "
+            f"{', '.join(f'{c:.2f}x' for c in ceilings)}")
 
 
 def ratio_lines(ratios: list[float]) -> list[str]:

@@ -57,3 +57,9 @@ def test_cpu_shares_are_taken_between_the_first_and_last_sample_inside_the_windo
     assert cpu.busy_share(1_000, 3_000) == 300 / 400
     assert cpu.program_shares(1_000, 3_000) == {"broker": 80 / 400, "engines": 150 / 400}
     assert cpu.busy_share(1_500, 2_500) == 0.0 and cpu.program_shares(1_500, 2_500) == {}  # one sample only
+
+
+def test_the_ceiling_scales_each_ratio_to_a_fully_busy_machine() -> None:
+    line = pipeline_e2e.ceiling_line([1.2, 1.0], [0.96, 0.8])
+    assert line.endswith(": 1.25x, 1.25x")
+    assert "not measured" in pipeline_e2e.ceiling_line([1.2], [0.0])
