@@ -72,6 +72,7 @@ from bus.ports import free_port  # noqa: E402
 from bus.topics import TopicSpec  # noqa: E402
 from inference_svc.default_model import create_default_model  # noqa: E402
 from infra.kafka.cluster import KafkaCluster, free_base_port  # noqa: E402
+from infra.launcher import stop_on_sigterm  # noqa: E402
 
 KEY = "bench-key"
 FLOOR_TOPIC = "bench.floor"
@@ -195,6 +196,7 @@ def main() -> None:
                              "phase and print its N costliest functions and packages")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="adapter-bench-"))
+    stop_on_sigterm()  # `timeout`/`kill` stop the broker and the processes it started too
     cluster = None
     procs: list[subprocess.Popen[bytes]] = []
     try:

@@ -36,6 +36,7 @@ from bus.config import BusConfig
 from bus.consumer import EventConsumer
 from bus.producer import PRODUCER_DEFAULTS, EventProducer
 from infra.kafka.cluster import KafkaCluster, free_base_port
+from infra.launcher import stop_on_sigterm
 from schemas.events import LLMCall, Segment, decode_event, encode_event
 from schemas.packed import Float32s, Int32s
 from schemas.registry import default_registry
@@ -203,6 +204,7 @@ def main() -> None:
     parser.add_argument("--linger-ms", type=float, default=None, help="producer linger.ms (default: EventProducer's)")
     args = parser.parse_args()
     console = Console()
+    stop_on_sigterm()  # `timeout`/`kill` stop the broker and the processes it started too
     packed_s, array_s, packed_bytes, array_bytes = bench_codec(args.iterations)
     raw_s = bench_raw_packed(args.iterations)
     table = Table(title="LLMCall 2,000 + 500 tokens: encode + decode")

@@ -24,7 +24,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from infra import stack
-from infra.demo import run, stop_on_sigterm
+from infra.demo import run
+from infra.launcher import stop_on_sigterm
 from infra.monitor import RunState
 from infra.run_config import RunConfig
 

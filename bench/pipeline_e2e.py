@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from infra.demo import RunResult, run
 from infra.kafka.cluster import KafkaCluster, free_base_port
+from infra.launcher import stop_on_sigterm
 from infra.run_config import RunConfig
 
 BASE = Path(__file__).resolve().parents[1] / "infra" / "configs" / "demo.yaml"
@@ -172,6 +173,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.pairs < 1:
         parser.error(f"--pairs must be >= 1, got {args.pairs}")
+    stop_on_sigterm()  # `timeout`/`kill` stop the broker and the processes it started too
     console = Console(width=150)
     jobs = {p: job(p, args.steps) for p in ("colocated", "spatiotemporal")}
     runs: list[dict[str, RunResult]] = []

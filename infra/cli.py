@@ -344,8 +344,10 @@ def train(
     """Run a training job described by a YAML file through every service, then stop them."""
     from infra.demo import run
     from infra.errors import InfraError
+    from infra.launcher import stop_on_sigterm
     from infra.run_config import RunConfig
 
+    stop_on_sigterm()  # a job stopped by `kill` or `timeout` stops its services and broker too
     try:
         run(RunConfig.load(config))
     except InfraError as e:

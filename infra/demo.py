@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import os
 import secrets
-import signal
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -31,7 +30,7 @@ from infra import stack
 from infra.errors import InfraError
 from infra.evaluator import evaluator_of
 from infra.kafka.cluster import REPO_ROOT, KafkaCluster
-from infra.launcher import Launcher, ServiceSpec
+from infra.launcher import Launcher, ServiceSpec, stop_on_sigterm
 from infra.monitor import RunMonitor, RunState
 from infra.prometheus import write_scrape_config
 from infra.run_config import RunConfig, RunSection
@@ -340,16 +339,6 @@ def restart_exited(launcher: Launcher, restarts: Counter[str], max_restarts: int
         restarts[name] += 1
         log.warning("service exited: restarting it", extra={"target": name, "restarts": restarts[name]})
         launcher.restart(name)
-
-
-def _interrupt(*_: object) -> None:
-    raise KeyboardInterrupt
-
-
-def stop_on_sigterm() -> None:
-    """SIGTERM unwinds like Ctrl-C, so `run` stops every service and the broker it started (a background
-    job ignores SIGINT: SIGTERM is how it is stopped)."""
-    signal.signal(signal.SIGTERM, _interrupt)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -140,3 +140,14 @@ def stop_recorded(run_dir: Path) -> list[str]:
                 os.killpg(pid, signal.SIGKILL)
     pid_file.unlink()
     return stopped
+
+
+def _interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
+
+
+def stop_on_sigterm() -> None:
+    """SIGTERM unwinds like Ctrl-C, so a program's `finally` stops every service and broker it started (a
+    background job ignores SIGINT, and `timeout` sends SIGTERM: without this, Python would exit at once and
+    leave them running)."""
+    signal.signal(signal.SIGTERM, _interrupt)
