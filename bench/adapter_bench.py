@@ -21,6 +21,8 @@ The floor: `bench/proxy_floor.py`, a server doing only what no proxy with these 
 server stack, one engine request, one store transaction, one Kafka record with acks=all, a JSON reply), is run
 through the same back-to-back session; its CPU per call is printed under the proxy's, and what the proxy spends
 above it is the cost of templating, token-in/token-out, validation, typed events and session bookkeeping.
+The floor's own parts are measured the same way, each by a floor without it (`proxy_floor.py --without`): what
+the engine request, the store's transaction and the Kafka record cost, and the server with its JSON alone.
 Under it, those drift-proof steps timed in process (`bench/proxy_steps.py`) and what is left of the proxy's CPU
 beyond floor + steps.
 
@@ -62,7 +64,8 @@ import psutil
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from proxy_steps import STEPS, measure_steps  # noqa: E402  (bench/, the script's directory)
+from proxy_floor import PARTS  # noqa: E402  (bench/, the script's directory)
+from proxy_steps import STEPS, measure_steps  # noqa: E402
 
 from agents_adapter.proxy.chat_codec import ChatCodec  # noqa: E402
 from agents_adapter.proxy.config import AdapterConfig  # noqa: E402
@@ -76,6 +79,9 @@ from infra.launcher import stop_on_sigterm  # noqa: E402
 
 KEY = "bench-key"
 FLOOR_TOPIC = "bench.floor"
+#: The floors run beside the proxy, by what each leaves out (`proxy_floor.py --without`): "" is the whole floor.
+FLOOR_VARIANTS: dict[str, tuple[str, ...]] = {"": (), **{part: (part,) for part in PARTS}, "server": PARTS}
+FLOOR_ROUNDS = 4  # back-to-back sessions per floor: their differences are tenths of a millisecond per call
 ADMIN = "bench-admin"
 WORDS = ("alpha", "beta", "gamma", "delta", "sum", "of", "twelve", "and", "seven", "please", "compute", "then")
 
@@ -228,17 +234,21 @@ def main() -> None:
                            threads | {"SFLOW_ADAPTER_API_KEYS": f"bench={KEY}", "SFLOW_ADAPTER_ADMIN_KEY": ADMIN},
                            proxy_log))
         engine_url, proxy_url = f"http://127.0.0.1:{engine_port}", f"http://127.0.0.1:{proxy_port}"
-        floor_port, floor_log = free_port(), work / "floor.log"
-        procs.append(start(["bench/proxy_floor.py", "--port", str(floor_port), "--engine", engine_url,
-                            "--bootstrap-servers", bootstrap, "--topic", bus.topic(FLOOR_TOPIC)], threads, floor_log))
+        floors: dict[str, Floor] = {}
+        for variant, left_out in FLOOR_VARIANTS.items():
+            floor_port, floor_log = free_port(), work / f"floor-{variant or 'all'}.log"
+            procs.append(start(["bench/proxy_floor.py", "--port", str(floor_port), "--engine", engine_url,
+                                "--bootstrap-servers", bootstrap, "--topic", bus.topic(FLOOR_TOPIC),
+                                *(f"--without={part}" for part in left_out)], threads, floor_log))
+            floors[variant] = Floor(f"http://127.0.0.1:{floor_port}", psutil.Process(procs[-1].pid), floor_log)
         wait_http(f"{engine_url}/model_info", procs[0], engine_log)
         wait_http(f"{proxy_url}/health", procs[1], proxy_log)
-        floor = Floor(f"http://127.0.0.1:{floor_port}", psutil.Process(procs[2].pid))
-        wait_http(floor.url, procs[2], floor_log)
+        for floor, proc in zip(floors.values(), procs[2:], strict=True):
+            wait_http(floor.url, proc, floor.log)
         proxy_proc = psutil.Process(procs[1].pid)
         startup_footprint(proxy_proc)
         proxy_config = AdapterConfig(model_path=model)  # the proxy's defaults, for bench/proxy_steps.py
-        asyncio.run(measure(args, codec, engine_url, proxy_url, model.name, proxy_proc, floor, proxy_config))
+        asyncio.run(measure(args, codec, engine_url, proxy_url, model.name, proxy_proc, floors, proxy_config))
         if args.profile:
             print_profile(work / "proxy.prof", args.profile, args.sequential_turns)
     finally:
@@ -254,21 +264,31 @@ def main() -> None:
 
 
 def thread_cpu(proc: psutil.Process) -> Counter[str]:
-    """CPU ms (user + system) of the process's threads so far, summed by thread name (librdkafka's, the
-    event loop's, the worker threads': where the CPU per call goes besides the profiled event loop)."""
+    """CPU ms of the process's threads so far, summed by thread name (librdkafka's, the event loop's, the
+    worker threads': where the CPU per call goes besides the profiled event loop).
+
+    Read from `/proc/<pid>/task/<tid>/schedstat` (nanoseconds on a CPU): psutil's times count clock ticks of
+    10 ms, which over a 100-call round is a tenth of a millisecond per call, the size of what is compared. Where
+    a kernel has no schedstat, psutil's ticks. A thread that ended takes its time with it: the services here keep
+    theirs for their life."""
     out: Counter[str] = Counter()
     for t in proc.threads():
+        task = Path(f"/proc/{proc.pid}/task/{t.id}")
         try:
-            name = Path(f"/proc/{proc.pid}/task/{t.id}/comm").read_text().strip()
+            name = (task / "comm").read_text().strip()
         except OSError:
             continue  # the thread ended
-        out[re.sub(r"\d+$", "N", name)] += (t.user_time + t.system_time) * 1000
+        try:
+            ms: float = int((task / "schedstat").read_text().split()[0]) / 1e6
+        except (OSError, ValueError, IndexError):
+            ms = (t.user_time + t.system_time) * 1000.0
+        out[re.sub(r"\d+$", "N", name)] += ms
     return out
 
 
-def cpu_spent_ms(before: Any, after: Any) -> float:
-    """CPU ms (user + system) between two `psutil` `cpu_times()` of a process."""
-    return ((after.user + after.system) - (before.user + before.system)) * 1000
+def process_cpu_ms(proc: psutil.Process) -> float:
+    """CPU ms of all the process's threads so far (`thread_cpu`, summed)."""
+    return sum(thread_cpu(proc).values())
 
 
 def startup_footprint(proxy_proc: psutil.Process) -> None:
@@ -283,14 +303,15 @@ def startup_footprint(proxy_proc: psutil.Process) -> None:
 
 @dataclass(frozen=True)
 class Floor:
-    """The floor server (`bench/proxy_floor.py`) and its process."""
+    """A floor server (`bench/proxy_floor.py`), its process and its log."""
 
     url: str
     proc: psutil.Process
+    log: Path
 
 
 async def measure(args: argparse.Namespace, codec: ChatCodec, engine_url: str, proxy_url: str, model: str,
-                  proxy_proc: psutil.Process, floor: Floor, proxy_config: AdapterConfig) -> None:
+                  proxy_proc: psutil.Process, floors: dict[str, Floor], proxy_config: AdapterConfig) -> None:
     limits = httpx.Limits(max_connections=args.open_sessions + 64, max_keepalive_connections=args.open_sessions + 64)
     async with httpx.AsyncClient(timeout=600.0, limits=limits) as http:
 
@@ -326,7 +347,9 @@ async def measure(args: argparse.Namespace, codec: ChatCodec, engine_url: str, p
         idle = {k: v - idle_before.get(k, 0.0) for k, v in thread_cpu(proxy_proc).items()}
         print("proxy CPU while idle, ms/s: " + ", ".join(f"{k} {v / 3:.1f}" for k, v in sorted(idle.items()) if v > 0))
         ratio, proxy_cpu_ms = await latency_table(args, direct, through_proxy, proxy_proc)
-        await floor_row(args, through_proxy("floor", floor.url), floor.proc, proxy_cpu_ms, codec, proxy_config)
+        floor_ms = {variant: await floor_cpu_ms(args, through_proxy("floor", floor.url), floor.proc)
+                    for variant, floor in floors.items()}
+        floor_rows(args, floor_ms, proxy_cpu_ms, codec, proxy_config)
         await capacity(args, http, through_proxy, proxy_url, proxy_proc)
         print(f"\nratio proxy/direct p50 latency: {ratio:.2f}x")
 
@@ -352,13 +375,13 @@ async def latency_table(args: argparse.Namespace, direct: Turn, through_proxy: C
             direct_ms, direct_err = direct_ms + latencies, direct_err + errors
             if args.profile and phase == 0 and r == rounds - 1:
                 proxy_proc.send_signal(signal.SIGUSR2)  # profile the last back-to-back round
-            cpu_before, threads_before = proxy_proc.cpu_times(), thread_cpu(proxy_proc)
+            threads_before = thread_cpu(proxy_proc)
             latencies, errors = await run_sessions(sessions, through_proxy(f"lat{phase}-{r}"), turns, 1 + r, think)
-            cpu_after = proxy_proc.cpu_times()
+            threads_after = thread_cpu(proxy_proc)
             if phase == 0:
-                by_thread.update({k: v - threads_before.get(k, 0.0) for k, v in thread_cpu(proxy_proc).items()})
+                by_thread.update({k: v - threads_before.get(k, 0.0) for k, v in threads_after.items()})
             proxy_ms, proxy_err = proxy_ms + latencies, proxy_err + errors
-            cpu_ms += cpu_spent_ms(cpu_before, cpu_after)
+            cpu_ms += sum(threads_after.values()) - sum(threads_before.values())
         d50, d99, p50, p99 = (percentile(direct_ms, 0.5), percentile(direct_ms, 0.99),
                               percentile(proxy_ms, 0.5), percentile(proxy_ms, 0.99))
         for name, values, errs in ((f"{label}: engine", direct_ms, direct_err),
@@ -377,27 +400,35 @@ async def latency_table(args: argparse.Namespace, direct: Turn, through_proxy: C
     return ratio, back_to_back_cpu_ms
 
 
-async def floor_row(args: argparse.Namespace, floor: Turn, floor_proc: psutil.Process, proxy_cpu_ms: float,
-                    codec: ChatCodec, proxy_config: AdapterConfig) -> None:
-    """The floor's CPU per call over the back-to-back session (same conversations, after a warm-up), and the
-    proxy's drift-proof steps timed in process (`bench/proxy_steps.py`): floor + steps is what the proxy could
-    cost with nothing else around them."""
+async def floor_cpu_ms(args: argparse.Namespace, floor: Turn, floor_proc: psutil.Process) -> float:
+    """A floor's CPU per call over the back-to-back session (the proxy's conversations, after a warm-up)."""
     await run_sessions(8, floor, 2, seed=0)
-    before = floor_proc.cpu_times()
+    before = process_cpu_ms(floor_proc)
     calls = 0
-    for r in range(2):
+    for r in range(FLOOR_ROUNDS):
         latencies, _ = await run_sessions(1, floor, args.sequential_turns, 1 + r)
         calls += len(latencies)
-    after = floor_proc.cpu_times()
-    floor_ms = cpu_spent_ms(before, after) / max(1, calls)
-    print(f"1 session, back to back: floor CPU {floor_ms:.2f} ms/call (bench/proxy_floor.py: server, engine request, "
-          f"store, Kafka acks=all); the proxy above it: {proxy_cpu_ms - floor_ms:.2f} ms/call")
+    return (process_cpu_ms(floor_proc) - before) / max(1, calls)
+
+
+def floor_rows(args: argparse.Namespace, floor_ms: dict[str, float], proxy_cpu_ms: float, codec: ChatCodec,
+               proxy_config: AdapterConfig) -> None:
+    """The floor, what each of its parts costs (the whole floor less the floor without it), and the proxy's
+    drift-proof steps timed in process (`bench/proxy_steps.py`): floor + steps is what the proxy could cost with
+    nothing else around them."""
+    whole = floor_ms[""]
+    print(f"1 session, back to back: floor CPU {whole:.2f} ms/call (bench/proxy_floor.py: server, engine request, "
+          f"store, Kafka acks=all); the proxy above it: {proxy_cpu_ms - whole:.2f} ms/call")
+    names = {"engine": "engine request", "store": "store transaction", "kafka": "Kafka record acks=all"}
+    print("  the floor by part, ms/call (the floor less the floor without it): "
+          + ", ".join(f"{names[part]} {whole - floor_ms[part]:.2f}" for part in PARTS)
+          + f"; the server and its JSON alone {floor_ms['server']:.2f}")
     steps_ms, _ = measure_steps(codec, proxy_config, args.sequential_turns, 2)
     total = sum(steps_ms[name] for name in STEPS)
     print("  the drift-proof steps, in process (bench/proxy_steps.py), ms/call: "
           + " + ".join(f"{name} {steps_ms[name]:.2f}" for name in STEPS)
-          + f" = {total:.2f}; floor + steps {floor_ms + total:.2f}, the rest of the proxy "
-          f"{proxy_cpu_ms - floor_ms - total:.2f}")
+          + f" = {total:.2f}; floor + steps {whole + total:.2f}, the rest of the proxy "
+          f"{proxy_cpu_ms - whole - total:.2f}")
 
 
 async def capacity(args: argparse.Namespace, http: httpx.AsyncClient, through_proxy: Callable[[str], Turn],

@@ -9,6 +9,10 @@ produced with `acks=all` and idempotence (`bus.producer.EventProducer`, its deli
 once Kafka acknowledged it, and a JSON reply. No template, tokenizer, token-in/token-out, validation,
 typed event or session bookkeeping: what the proxy spends above this floor is the cost of those.
 
+`--without PART` (repeatable: `engine`, `store`, `kafka`) leaves that part out, so that what each part costs
+is the full floor less the floor without it, and `--without` all three is the server and its JSON alone
+(`bench/adapter_bench.py` prints that split under the floor).
+
 The prompt sent to the engine is the messages' text as bytes (ids below 256: the default model has them),
 so its length follows the conversation's as the proxy's prompts do; the Kafka record and the stored row are
 the request body (about an `LLMCall`'s size for these prompts).
@@ -38,12 +42,17 @@ from bus.errors import PublishError  # noqa: E402
 from bus.producer import Delivered, EventProducer  # noqa: E402
 from schemas.inference.http11 import Http11Client  # noqa: E402
 
+#: The floor's parts that `--without` can leave out.
+PARTS = ("engine", "store", "kafka")
+
 
 class FloorApp:
     """A raw ASGI callable: every request is served as a chat call (the bench sends nothing else)."""
 
-    def __init__(self, engine_url: str, producer: EventProducer, topic: str, store: Path) -> None:
-        self.engine_url, self.producer, self.topic = engine_url, producer, topic
+    def __init__(self, engine_url: str, producer: EventProducer | None, topic: str, store: Path,
+                 without: frozenset[str] = frozenset()) -> None:
+        """`producer` None: no Kafka record (`--without kafka`); `without` names the other parts left out."""
+        self.engine_url, self.producer, self.topic, self.without = engine_url, producer, topic, without
         self.db = sqlite3.connect(store, isolation_level=None)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
@@ -65,21 +74,27 @@ class FloorApp:
             return
         request = json.loads(body)
         text = "".join(str(m.get("content") or "") for m in request.get("messages", ()))
-        if self.client is None:
-            self.client = Http11Client(self.engine_url, headers={}, timeout_s=60.0, max_connections=64, keepalive_s=4.0)
-        status, answer = await self.client.request("POST", "/generate", orjson.dumps({
-            "input_ids": list(text.encode()), "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}}))
-        output = json.loads(answer)
+        status, output = await self._generated(text) if "engine" not in self.without else (200, {"output_ids": []})
         self.calls += 1
-        self.db.execute("BEGIN IMMEDIATE")
-        self.db.execute("INSERT INTO calls VALUES (?, ?)", (self.calls, body))
-        self.db.execute("COMMIT")
-        await self._published(body)
+        if "store" not in self.without:
+            self.db.execute("BEGIN IMMEDIATE")
+            self.db.execute("INSERT INTO calls VALUES (?, ?)", (self.calls, body))
+            self.db.execute("COMMIT")
+        if self.producer is not None:
+            await self._published(self.producer, body)
         await _answer(send, json.dumps({"object": "chat.completion", "choices": [{"index": 0, "message": {
             "role": "assistant", "content": str(output.get("output_ids"))}, "finish_reason": "length"}],
             "engine_status": status}).encode())
 
-    async def _published(self, value: bytes) -> None:
+    async def _generated(self, text: str) -> tuple[int, Any]:
+        """One engine `/generate` of the text's bytes as ids, over the keep-alive client (as the proxy's)."""
+        if self.client is None:
+            self.client = Http11Client(self.engine_url, headers={}, timeout_s=60.0, max_connections=64, keepalive_s=4.0)
+        status, answer = await self.client.request("POST", "/generate", orjson.dumps({
+            "input_ids": list(text.encode()), "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}}))
+        return status, json.loads(answer)
+
+    async def _published(self, producer: EventProducer, value: bytes) -> None:
         """Produces the record and returns once Kafka acknowledged it (as `EventProducer.publish_async`)."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
@@ -95,7 +110,7 @@ class FloorApp:
         def on_delivery(_: Delivered | None, err: PublishError | None) -> None:
             loop.call_soon_threadsafe(settle, err)
 
-        self.producer.publish_raw(self.topic, str(self.calls).encode(), value, on_delivery)
+        producer.publish_raw(self.topic, str(self.calls).encode(), value, on_delivery)
         await future
 
 
@@ -111,14 +126,18 @@ def main() -> None:
     parser.add_argument("--engine", required=True, help="the engine's base URL")
     parser.add_argument("--bootstrap-servers", required=True)
     parser.add_argument("--topic", required=True, help="an existing topic the calls are produced to")
+    parser.add_argument("--without", action="append", choices=PARTS, default=[],
+                        help="leave this part out (repeatable): what it costs is the full floor less this one")
     args = parser.parse_args()
-    producer = EventProducer(BusConfig(bootstrap_servers=args.bootstrap_servers), producer_id="proxy-floor")
+    producer = None if "kafka" in args.without else EventProducer(
+        BusConfig(bootstrap_servers=args.bootstrap_servers), producer_id="proxy-floor")
     with tempfile.TemporaryDirectory(prefix="proxy-floor-") as work:
-        app = FloorApp(args.engine, producer, args.topic, Path(work) / "calls.db")
+        app = FloorApp(args.engine, producer, args.topic, Path(work) / "calls.db", frozenset(args.without))
         try:
             uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", timeout_keep_alive=30)
         finally:
-            producer.close()
+            if producer is not None:
+                producer.close()
 
 
 if __name__ == "__main__":
