@@ -145,7 +145,8 @@ def _throughput(producer: EventProducer, consumer: EventConsumer, first: int, ca
     the same time (its own thread, as a service consumes while the proxies produce), from the first publish
     to the last event consumed."""
     done: list[float] = []
-    reader = threading.Thread(target=_consume, args=(consumer, calls, done))
+    # a daemon: a pass cut short (SIGTERM, Ctrl-C) must not keep the process waiting on events never produced
+    reader = threading.Thread(target=_consume, args=(consumer, calls, done), daemon=True)
     t0 = time.perf_counter()
     reader.start()
     for i in range(first, first + calls):

@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -59,11 +61,42 @@ def test_every_part_has_a_variant_without_it_and_one_without_all() -> None:
     assert all(variants[part] == (part,) for part in proxy_floor.PARTS)
 
 
-def test_the_cpu_clock_counts_what_the_process_spent_below_a_clock_tick() -> None:
-    me = psutil.Process()
-    before, started = adapter_bench.process_cpu_ms(me), time.process_time()
-    deadline = started + 0.004  # 4 ms of CPU: below psutil's 10 ms tick
-    while time.process_time() < deadline:
-        pass
-    spent = adapter_bench.process_cpu_ms(me) - before
-    assert 3.0 < spent < 4.0 + 1000 * (time.process_time() - deadline) + 2.0
+# A child with one thread: it reports its own CPU time around 4 ms of work, each step on the parent's word, so the
+# parent's clock reads it before and after that work and nothing else runs in it meanwhile.
+_BURNER = """
+import sys, time
+sys.stdout.write("ready\\n"); sys.stdout.flush()
+sys.stdin.readline()
+started = time.process_time()
+while time.process_time() < started + 0.004:
+    pass
+sys.stdout.write(f"{(time.process_time() - started) * 1000}\\n"); sys.stdout.flush()
+sys.stdin.readline()
+"""
+
+
+def _asleep(proc: psutil.Process) -> psutil.Process:
+    """`proc` once it is blocked (on its stdin): the kernel adds a running thread's current slice to its total
+    only when it is switched out (or at a tick), so a total read while it runs may lack its last few ms."""
+    deadline = time.monotonic() + 30
+    while proc.status() != psutil.STATUS_SLEEPING:
+        assert time.monotonic() < deadline, f"the child never blocked: {proc.status()}"
+    return proc
+
+
+def test_the_cpu_clock_counts_what_a_process_spent_below_a_clock_tick() -> None:
+    child = subprocess.Popen([sys.executable, "-c", _BURNER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert child.stdin is not None and child.stdout is not None
+    try:
+        assert child.stdout.readline() == "ready\n"
+        proc = psutil.Process(child.pid)
+        before = adapter_bench.process_cpu_ms(_asleep(proc))
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        own_ms = float(child.stdout.readline())  # the 4 ms of work, by the child's own clock
+        spent = adapter_bench.process_cpu_ms(_asleep(proc)) - before
+    finally:
+        child.communicate("done\n", timeout=30)
+    # psutil's ticks would read 0 or 10 here; the clock must see the work and little else (two pipe round trips)
+    assert own_ms >= 4.0
+    assert own_ms <= spent < own_ms + 3.0
