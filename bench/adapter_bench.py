@@ -52,7 +52,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -263,7 +263,7 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def thread_cpu(proc: psutil.Process) -> Counter[str]:
+def thread_cpu(proc: psutil.Process) -> dict[str, float]:
     """CPU ms of the process's threads so far, summed by thread name (librdkafka's, the event loop's, the
     worker threads': where the CPU per call goes besides the profiled event loop).
 
@@ -271,7 +271,7 @@ def thread_cpu(proc: psutil.Process) -> Counter[str]:
     10 ms, which over a 100-call round is a tenth of a millisecond per call, the size of what is compared. Where
     a kernel has no schedstat, psutil's ticks. A thread that ended takes its time with it: the services here keep
     theirs for their life."""
-    out: Counter[str] = Counter()
+    out: defaultdict[str, float] = defaultdict(float)
     for t in proc.threads():
         task = Path(f"/proc/{proc.pid}/task/{t.id}")
         try:
@@ -279,7 +279,7 @@ def thread_cpu(proc: psutil.Process) -> Counter[str]:
         except OSError:
             continue  # the thread ended
         try:
-            ms: float = int((task / "schedstat").read_text().split()[0]) / 1e6
+            ms = int((task / "schedstat").read_text().split()[0]) / 1e6
         except (OSError, ValueError, IndexError):
             ms = (t.user_time + t.system_time) * 1000.0
         out[re.sub(r"\d+$", "N", name)] += ms

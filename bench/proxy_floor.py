@@ -49,14 +49,14 @@ PARTS = ("engine", "store", "kafka")
 class FloorApp:
     """A raw ASGI callable: every request is served as a chat call (the bench sends nothing else)."""
 
-    def __init__(self, engine_url: str, producer: EventProducer | None, topic: str, store: Path,
-                 without: frozenset[str] = frozenset()) -> None:
-        """`producer` None: no Kafka record (`--without kafka`); `without` names the other parts left out."""
-        self.engine_url, self.producer, self.topic, self.without = engine_url, producer, topic, without
-        self.db = sqlite3.connect(store, isolation_level=None)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=NORMAL")
-        self.db.execute("CREATE TABLE IF NOT EXISTS calls (seq INTEGER PRIMARY KEY, body BLOB NOT NULL)")
+    def __init__(self, engine_url: str | None, producer: EventProducer | None, topic: str, store: Path | None) -> None:
+        """A part given None is left out (`--without`): no engine request, no Kafka record, no store."""
+        self.engine_url, self.producer, self.topic = engine_url, producer, topic
+        self.db = None if store is None else sqlite3.connect(store, isolation_level=None)
+        if self.db is not None:
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=NORMAL")
+            self.db.execute("CREATE TABLE IF NOT EXISTS calls (seq INTEGER PRIMARY KEY, body BLOB NOT NULL)")
         self.client: Http11Client | None = None  # bound to the server's loop: made on the first request
         self.calls = 0
 
@@ -74,9 +74,10 @@ class FloorApp:
             return
         request = json.loads(body)
         text = "".join(str(m.get("content") or "") for m in request.get("messages", ()))
-        status, output = await self._generated(text) if "engine" not in self.without else (200, {"output_ids": []})
+        status, output = (200, {"output_ids": []}) if self.engine_url is None else await self._generated(
+            self.engine_url, text)
         self.calls += 1
-        if "store" not in self.without:
+        if self.db is not None:
             self.db.execute("BEGIN IMMEDIATE")
             self.db.execute("INSERT INTO calls VALUES (?, ?)", (self.calls, body))
             self.db.execute("COMMIT")
@@ -86,10 +87,10 @@ class FloorApp:
             "role": "assistant", "content": str(output.get("output_ids"))}, "finish_reason": "length"}],
             "engine_status": status}).encode())
 
-    async def _generated(self, text: str) -> tuple[int, Any]:
+    async def _generated(self, engine_url: str, text: str) -> tuple[int, Any]:
         """One engine `/generate` of the text's bytes as ids, over the keep-alive client (as the proxy's)."""
         if self.client is None:
-            self.client = Http11Client(self.engine_url, headers={}, timeout_s=60.0, max_connections=64, keepalive_s=4.0)
+            self.client = Http11Client(engine_url, headers={}, timeout_s=60.0, max_connections=64, keepalive_s=4.0)
         status, answer = await self.client.request("POST", "/generate", orjson.dumps({
             "input_ids": list(text.encode()), "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}}))
         return status, json.loads(answer)
@@ -132,7 +133,8 @@ def main() -> None:
     producer = None if "kafka" in args.without else EventProducer(
         BusConfig(bootstrap_servers=args.bootstrap_servers), producer_id="proxy-floor")
     with tempfile.TemporaryDirectory(prefix="proxy-floor-") as work:
-        app = FloorApp(args.engine, producer, args.topic, Path(work) / "calls.db", frozenset(args.without))
+        app = FloorApp(None if "engine" in args.without else args.engine, producer, args.topic,
+                       None if "store" in args.without else Path(work) / "calls.db")
         try:
             uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", timeout_keep_alive=30)
         finally:
