@@ -28,6 +28,9 @@ class KafkaSection(_Strict):
 class ModelSection(_Strict):
     warmup_tasks: int = Field(default=2048, ge=1, description="Demonstrations the example's `warmup` writes.")
     warmup_steps: int = Field(default=1200, ge=0, description="Warm-up optimizer steps (0: start from random).")
+    warmup_workers: int = Field(default=1, ge=0, description=(
+        "Processes sharing each warm-up batch, one core each, their gradients summed (gloo): the same steps and "
+        "loss on more cores; 0: one per core this process may use. Not part of the warm-up's cache key."))
     warmup_seed: int | None = Field(default=None, description=(
         "Seed of the model's init and warm-up data (None: the run's `seed`). Fixing it while `seed` varies "
         "repeats RL from one cached warm-up (bench/demo_seeds.py)."))

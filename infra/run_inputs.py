@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import shutil
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
     from trainer_svc.warmup import Demonstrations
 
 console = Console()
-_CACHE_FORMAT = 3  # bumped when what the cached warm-up depends on changes
+_CACHE_FORMAT = 4  # bumped when what the cached warm-up depends on changes
 
 
 @dataclass(frozen=True)
@@ -78,8 +79,8 @@ def _demonstrations(config: RunConfig) -> Demonstrations:
 def warmup_cache_key(config: RunConfig) -> str:
     """Everything the warm-up's result depends on, hashed: runs that differ only elsewhere share it."""
     return hashlib.sha256(json.dumps(
-        [config.model.model_dump(exclude={"warmup_seed"}), _warmup_source(config.example), config.warmup_seed,
-         _CACHE_FORMAT]).encode()
+        [config.model.model_dump(exclude={"warmup_seed", "warmup_workers"}), _warmup_source(config.example),
+         config.warmup_seed, _CACHE_FORMAT]).encode()
     ).hexdigest()[:12]
 
 
@@ -118,6 +119,7 @@ def prepare_model(config: RunConfig, paths: RunPaths) -> Path:
                 bar = progress.add_task("warm-up", total=config.model.warmup_steps, loss="-")
                 supervised_warmup(base, cached.with_suffix(".tmp"), data.conversations, data.tools,
                                   steps=config.model.warmup_steps, seed=config.warmup_seed,
+                                  workers=config.model.warmup_workers or len(os.sched_getaffinity(0)),
                                   on_step=lambda step, loss: progress.update(bar, completed=step + 1,
                                                                              loss=f"{loss:.3f}"))
             cached.with_suffix(".tmp").rename(cached)

@@ -19,10 +19,13 @@ import argparse
 import json
 import logging
 import math
+import queue
 import random
 import shutil
+import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -148,6 +151,19 @@ def _padded(batch: Sequence[Example], pad: int) -> tuple[torch.Tensor, torch.Ten
     return ids, mask, attention
 
 
+@dataclass(frozen=True)
+class WarmupPlan:
+    """What a warm-up trains on and how: every worker process gets the same plan and draws the same batches."""
+
+    model_dir: Path
+    conversations: Sequence[Conversation]
+    tools: Sequence[dict[str, Any]] | None
+    steps: int
+    batch_size: int
+    lr: float
+    seed: int
+
+
 def supervised_warmup(
     model_dir: Path,
     out_dir: Path,
@@ -158,49 +174,169 @@ def supervised_warmup(
     lr: float = 2e-3,
     seed: int = 0,
     on_step: Callable[[int, float], None] | None = None,
+    workers: int = 1,
 ) -> Path:
     """Trains on the assistant tokens of `conversations` and saves an HF directory at `out_dir`.
 
     `on_step(step, loss)` is called after every optimizer step (progress bars live in the caller).
+    `workers` > 1 splits every batch over that many processes, their gradients summed by a gloo all-reduce:
+    the same batches, loss and optimizer steps as one process (up to float summation order), on more cores.
     """
+    if steps < 1 or batch_size < 1 or workers < 1:
+        raise TrainerError(f"steps, batch_size and workers must be >= 1, got steps={steps} "
+                           f"batch_size={batch_size} workers={workers}")
+    plan = WarmupPlan(model_dir, conversations, tools, steps, batch_size, lr, seed)
+    if workers == 1:
+        model, tokenizer = _train(plan, 0, 1, on_step)
+        _save(model, tokenizer, model_dir, out_dir)
+    else:
+        _train_in_processes(plan, workers, out_dir, on_step)
+    return out_dir
+
+
+def _train(plan: WarmupPlan, rank: int, world: int,
+           on_step: Callable[[int, float], None] | None) -> tuple[torch.nn.Module, Any]:
+    """The warm-up's loop on this rank's share of each batch (all of it with one worker)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if steps < 1 or batch_size < 1:
-        raise TrainerError(f"steps and batch_size must be >= 1, got steps={steps} batch_size={batch_size}")
-    torch.manual_seed(seed)
-    rng = random.Random(seed)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    torch.manual_seed(plan.seed)
+    rng = random.Random(plan.seed)
+    tokenizer = AutoTokenizer.from_pretrained(plan.model_dir)
+    model = AutoModelForCausalLM.from_pretrained(plan.model_dir, dtype=torch.float32)
     model.train()
-    examples = [to_example(tokenizer, c, tools) for c in conversations]
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: learning_rate_factor(step, steps))
+    examples = [to_example(tokenizer, c, plan.tools) for c in plan.conversations]
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=plan.lr, weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: learning_rate_factor(step, plan.steps))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    for step in range(steps):
-        ids, mask, attention = _padded([examples[rng.randrange(len(examples))] for _ in range(batch_size)], pad)
-        logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1]
-        target = ids[:, 1:]
-        token_loss = torch.nn.functional.cross_entropy(
-            logits.reshape(-1, logits.size(-1)), target.reshape(-1), reduction="none"
-        ).view_as(target)
-        weights = mask[:, 1:]
-        loss = (token_loss * weights).sum() / weights.sum().clamp(min=1.0)
+    for step in range(plan.steps):
+        batch = [examples[rng.randrange(len(examples))] for _ in range(plan.batch_size)]
+        trained_tokens = max(1, sum(sum(e.loss_mask[1:]) for e in batch))  # the whole batch's, on every rank
+        share = batch[rank::world]
+        loss = assistant_loss_sum(model, share, pad) / trained_tokens if share else torch.zeros(())
         optimizer.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        if share:
+            loss.backward()
+        batch_loss = _summed_over_ranks(params, loss.detach(), world)
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
         schedule.step()
         if on_step is not None:
-            on_step(step, float(loss.detach()))
-        if step % 50 == 0 or step == steps - 1:
-            log.info("warm-up step", extra={"step": step, "loss": round(float(loss.detach()), 4)})
+            on_step(step, batch_loss)
+        if step % 50 == 0 or step == plan.steps - 1:
+            log.info("warm-up step", extra={"step": step, "loss": round(batch_loss, 4)})
+    return model, tokenizer
+
+
+def assistant_loss_sum(model: torch.nn.Module, batch: Sequence[Example], pad: int) -> torch.Tensor:
+    """Summed cross-entropy of the batch's assistant tokens (each predicted from the tokens before it)."""
+    ids, mask, attention = _padded(batch, pad)
+    selected = mask[:, 1:].bool()
+    return torch.nn.functional.cross_entropy(
+        _assistant_logits(model, ids, attention, selected), ids[:, 1:][selected], reduction="sum")
+
+
+# Config fields of families whose output layer is more than a linear map of the last hidden state.
+_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
+
+
+def _assistant_logits(model: Any, ids: torch.Tensor, attention: torch.Tensor, selected: torch.Tensor) -> torch.Tensor:
+    """Logits of the positions in the loss only: the output layer and its softmax over every position were
+    ~40 % of a demo warm-up step, and ~86 % of each conversation's tokens (the system prompt with its tool
+    schemas, the user's question) are not trained."""
+    if any(getattr(model.config, name, None) is not None for name in _LOGIT_TRANSFORMS):
+        return model(input_ids=ids, attention_mask=attention).logits[:, :-1][selected]
+    hidden = model.base_model(input_ids=ids, attention_mask=attention).last_hidden_state[:, :-1]
+    return model.get_output_embeddings()(hidden[selected])
+
+
+def _summed_over_ranks(params: Sequence[torch.nn.Parameter], loss: torch.Tensor, world: int) -> float:
+    """Sums every rank's gradients (and loss share) into each rank's: one all-reduce of one flat buffer."""
+    if world == 1:
+        return float(loss)
+    flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params]
+                     + [loss.reshape(1)])
+    torch.distributed.all_reduce(flat)
+    offset = 0
+    for p in params:
+        p.grad = flat[offset:offset + p.numel()].view_as(p)
+        offset += p.numel()
+    return float(flat[-1])
+
+
+def _save(model: Any, tokenizer: Any, model_dir: Path, out_dir: Path) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
     for name in ("generation_config.json",):
         if (model_dir / name).exists() and not (out_dir / name).exists():
             shutil.copy(model_dir / name, out_dir / name)
-    return out_dir
+
+
+def _train_in_processes(plan: WarmupPlan, workers: int, out_dir: Path,
+                        on_step: Callable[[int, float], None] | None) -> None:
+    """Runs `workers` ranks as spawned processes; rank 0 reports each step and saves. A rank that fails
+    ends the warm-up with its error (the others are killed, not left waiting in an all-reduce)."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    reports = context.Queue()
+    threads = torch.get_num_threads()
+    with tempfile.TemporaryDirectory(prefix="sflow-warmup-") as rendezvous:
+        ranks = [context.Process(target=_rank_main, name=f"warmup-rank{rank}", daemon=True, args=(
+            plan, rank, workers, str(Path(rendezvous) / "store"), out_dir, reports, threads))
+            for rank in range(workers)]
+        for process in ranks:
+            process.start()
+        try:
+            _follow_ranks(ranks, reports, on_step)
+            for process in ranks:
+                process.join(timeout=60)
+        finally:
+            for process in ranks:
+                if process.is_alive():
+                    process.kill()
+                    process.join()
+
+
+def _follow_ranks(ranks: Sequence[Any], reports: Any, on_step: Callable[[int, float], None] | None) -> None:
+    while True:
+        try:
+            report = reports.get(timeout=1.0)
+        except queue.Empty:
+            if failed := [p for p in ranks if p.exitcode not in (None, 0)]:
+                raise TrainerError(f"warm-up worker {failed[0].name} exited with status {failed[0].exitcode}") from None
+            continue
+        if report[0] == "step" and on_step is not None:
+            on_step(report[1], report[2])
+        elif report[0] == "error":
+            raise TrainerError(f"warm-up worker rank {report[1]} failed: {report[2]}")
+        elif report[0] == "done":
+            return
+
+
+def _rank_main(plan: WarmupPlan, rank: int, world: int, store_path: str, out_dir: Path, reports: Any,
+               threads: int) -> None:
+    """A warm-up worker process: joins the gloo group, trains its share, rank 0 saves the result."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    torch.set_num_threads(threads)
+    try:
+        store = torch.distributed.FileStore(store_path, world)
+        torch.distributed.init_process_group("gloo", store=store, rank=rank, world_size=world,
+                                             timeout=timedelta(minutes=5))
+        report = (lambda step, loss: reports.put(("step", step, loss))) if rank == 0 else None
+        model, tokenizer = _train(plan, rank, world, report)
+        if rank == 0:
+            _save(model, tokenizer, plan.model_dir, out_dir)
+            reports.put(("done",))
+    except Exception as e:
+        reports.put(("error", rank, f"{type(e).__name__}: {e}"))
+        raise
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -213,11 +349,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--workers", type=int, default=1, help="processes sharing each batch (one core each)")
     args = parser.parse_args(argv)
     logging.basicConfig(level="INFO")
     data = read_demonstrations(args.demonstrations)
     supervised_warmup(args.model, args.out, data.conversations, data.tools, steps=args.steps,
-                      batch_size=args.batch_size, lr=args.lr, seed=args.seed)
+                      batch_size=args.batch_size, lr=args.lr, seed=args.seed, workers=args.workers)
 
 
 if __name__ == "__main__":

@@ -75,3 +75,46 @@ def test_short_warmup_lowers_the_loss_of_the_demonstrations(tiny_model_dir: Path
     assert (out / "model.safetensors").exists() and (out / "tokenizer.json").exists()
     with pytest.raises(TrainerError, match="steps"):
         supervised_warmup(tiny_model_dir, tmp_path / "bad", conversations, steps=0)
+
+
+def test_the_loss_over_assistant_positions_equals_the_full_logits_loss(tiny_model_dir: Path) -> None:
+    """The output layer runs on the trained positions only: the same loss as masking the full logits."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trainer_svc.warmup import _padded, assistant_loss_sum
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    batch = [to_example(tokenizer, c, [CALCULATOR_TOOL]) for c in warmup_conversations(TASKS[:6], 0.5, seed=2)]
+    ids, mask, attention = _padded(batch, tokenizer.pad_token_id)
+    logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1]
+    full = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), ids[:, 1:].reshape(-1),
+                                             reduction="none").view_as(ids[:, 1:])
+    expected = (full * mask[:, 1:]).sum()
+    got = assistant_loss_sum(model, batch, tokenizer.pad_token_id).detach()
+    assert float(got) == pytest.approx(float(expected.detach()), rel=1e-5)
+
+
+@pytest.mark.slow
+def test_two_workers_train_the_same_model_as_one(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Each batch split over two processes (gloo all-reduce): the same steps, losses and weights as one
+    process, up to float summation order."""
+    from safetensors.torch import load_file
+
+    conversations = warmup_conversations(TASKS[:16], 0.5, seed=0)
+    runs: dict[int, list[float]] = {1: [], 2: []}
+    for workers, losses in runs.items():
+        supervised_warmup(tiny_model_dir, tmp_path / f"w{workers}", conversations, [CALCULATOR_TOOL], steps=4,
+                          batch_size=5, lr=3e-3, workers=workers, on_step=lambda _, loss, got=losses: got.append(loss))
+    assert runs[2] == pytest.approx(runs[1], rel=1e-5) and len(runs[2]) == 4
+    one, two = load_file(tmp_path / "w1" / "model.safetensors"), load_file(tmp_path / "w2" / "model.safetensors")
+    assert one.keys() == two.keys()
+    assert max(float((one[k] - two[k]).abs().max()) for k in one) < 1e-4
+    assert (tmp_path / "w2" / "tokenizer.json").exists()
+
+
+def test_a_failing_worker_ends_the_warmup_with_its_error(tmp_path: Path) -> None:
+    with pytest.raises(TrainerError, match=r"rank [01] failed"):
+        supervised_warmup(tmp_path / "no-such-model", tmp_path / "out", warmup_conversations(TASKS[:4], 0.5, seed=0),
+                          steps=2, workers=2)
