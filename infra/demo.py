@@ -32,6 +32,7 @@ from infra.evaluator import evaluator_of
 from infra.kafka.cluster import REPO_ROOT, KafkaCluster
 from infra.launcher import Launcher, ServiceSpec, stop_on_sigterm
 from infra.monitor import RunMonitor, RunState
+from infra.phases import PhaseClock, setup_phases
 from infra.prometheus import write_scrape_config
 from infra.run_config import RunConfig, RunSection
 from infra.run_inputs import RunPaths, prepare_model, write_eval_tasks, write_tasks
@@ -226,14 +227,17 @@ def run(
     started_kafka = not cluster.running()
     launcher = Launcher(paths.root)
     monitor: RunMonitor | None = None
+    clock = PhaseClock(setup_phases(os.environ))
     try:
-        if started_kafka:
-            with console.status("starting Kafka (KRaft)"):
-                cluster.start()
-        bus = BusConfig(bootstrap_servers=cluster.bootstrap_servers, topic_prefix=f"{config.name}-{stamp}.",
-                        client_id="demo", replication_factor=cluster.replication_factor)
-        ensure_topics(bus)
-        prepare_model(config, paths)
+        with clock.phase("Kafka start"):
+            if started_kafka:
+                with console.status("starting Kafka (KRaft)"):
+                    cluster.start()
+            bus = BusConfig(bootstrap_servers=cluster.bootstrap_servers, topic_prefix=f"{config.name}-{stamp}.",
+                            client_id="demo", replication_factor=cluster.replication_factor)
+            ensure_topics(bus)
+        with clock.phase("model + warm-up"):
+            prepare_model(config, paths)
         write_tasks(config, paths)
         write_eval_tasks(config, paths)
         api_key, admin_key = secrets.token_urlsafe(16), secrets.token_urlsafe(16)
@@ -243,23 +247,26 @@ def run(
         monitor.start()
         specs = service_specs(config, paths, bus, api_key, admin_key)
         write_scrape_config(paths.root / "prometheus.yml", specs)
-        for group in start_groups(specs):
-            with console.status(f"starting {', '.join(s.name for s in group)}"):
-                if group[0].name == "rollout-workers" and config.eval.enabled:  # after the start evaluation (v0)
-                    monitor.wait_eval(0, config.eval.start_timeout_s)
-                launcher.start_together(group)
+        with clock.phase("services start + start eval"):
+            for group in start_groups(specs):
+                with console.status(f"starting {', '.join(s.name for s in group)}"):
+                    if group[0].name == "rollout-workers" and config.eval.enabled:  # after the start eval (v0)
+                        monitor.wait_eval(0, config.eval.start_timeout_s)
+                    launcher.start_together(group)
         if on_started is not None:
             on_started(paths.root)
-        ended_by = follow(config, monitor, launcher, cluster, faults)
-        launcher.stop("rollout-workers")
-        if config.eval.enabled and monitor.snapshot().steps >= config.run.max_steps:  # the end evaluation
-            monitor.wait_eval(config.run.max_steps, config.eval.end_timeout_s)
-        adapter_stats = _adapter_stats(specs, admin_key)
-        if unassembled := monitor.wait_assembled(60.0):
-            log.warning("calls in no trajectory at shutdown", extra={"calls": unassembled})
-        launcher.stop_all()
-        monitor.drain(5.0)
-        summarise(config, paths, monitor, ended_by)
+        with clock.phase("RL (train steps)"):
+            ended_by = follow(config, monitor, launcher, cluster, faults)
+        with clock.phase("end eval + drain + stop"):
+            launcher.stop("rollout-workers")
+            if config.eval.enabled and monitor.snapshot().steps >= config.run.max_steps:  # the end evaluation
+                monitor.wait_eval(config.run.max_steps, config.eval.end_timeout_s)
+            adapter_stats = _adapter_stats(specs, admin_key)
+            if unassembled := monitor.wait_assembled(60.0):
+                log.warning("calls in no trajectory at shutdown", extra={"calls": unassembled})
+            launcher.stop_all()
+            monitor.drain(5.0)
+        summarise(config, paths, monitor, ended_by, clock)
         return RunResult(paths.root, bus, adapter_stats, monitor.snapshot())
     finally:
         launcher.stop_all()

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from infra.monitor import RunMonitor
+from infra.phases import PhaseClock
 from infra.run_config import RunConfig
 from infra.run_inputs import RunPaths
 
@@ -34,7 +35,8 @@ ENDED_BY = {StopReason.MAX_STEPS: "run.max_steps reached", StopReason.MAX_MINUTE
             StopReason.STALLED: "stall: nothing completed for run.stall_minutes (task stream exhausted?)"}
 
 
-def summarise(config: RunConfig, paths: RunPaths, monitor: RunMonitor, ended_by: StopReason) -> None:
+def summarise(config: RunConfig, paths: RunPaths, monitor: RunMonitor, ended_by: StopReason,
+              clock: PhaseClock | None = None) -> None:
     from infra.charts import draw_charts
 
     s = monitor.snapshot()
@@ -81,9 +83,35 @@ def summarise(config: RunConfig, paths: RunPaths, monitor: RunMonitor, ended_by:
                "collapse": [{"step": step, "signals": list(sig)} for step, sig in s.collapse],
                "eval": s.eval_summary(),
                "analytics_rows": stored,
-               "charts": [str(c) for c in charts]}
+               "charts": [str(c) for c in charts],
+               "phases_s": {name: round(seconds, 1) for name, seconds in (clock.seconds if clock else {}).items()}}
     (paths.root / "summary.json").write_text(json.dumps(summary, indent=2))
-    console.print(f"charts and logs under {paths.root}")
+    if clock is not None:
+        console.print(_phase_table(clock))
+    console.print(_next_steps(paths))
+
+
+def _phase_table(clock: PhaseClock) -> Table:
+    table = Table(title="where the time went")
+    table.add_column("phase")
+    table.add_column("wall s", justify="right")
+    for name, seconds in clock.seconds.items():
+        table.add_row(name, f"{seconds:.0f}")
+    table.add_row("total (Kafka's stop not included)", f"{clock.total:.0f}")
+    return table
+
+
+def _next_steps(paths: RunPaths) -> str:
+    """The newcomer's next clicks: the run's files, its dashboard, the docs."""
+    run = paths.root
+    return "\n".join([
+        f"[bold]next[/]: the run's files are under {run}/",
+        f"  summary.json, reward.png (reward per train step), gantt.png (each resource's tags over time:"
+        f" lending), throughput.png, logs/",
+        f"  sflow dashboard --run {run.name}   then open http://127.0.0.1:8765/",
+        f"  sflow analytics eval --run {run.name}   held-out results;  sflow replay --help   the event log",
+        "  train your own agent: examples/calculator/README.md;  every option: docs/training.md",
+    ])
 
 
 def ends(values: list[float], k: int) -> tuple[float, float]:
