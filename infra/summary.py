@@ -106,8 +106,8 @@ def _next_steps(paths: RunPaths) -> str:
     run = paths.root
     return "\n".join([
         f"[bold]next[/]: the run's files are under {run}/",
-        f"  summary.json, reward.png (reward per train step), gantt.png (each resource's tags over time:"
-        f" lending), throughput.png, logs/",
+        "  summary.json, reward.png (reward per train step), gantt.png (each resource's tags over time:"
+        " lending), throughput.png, logs/",
         f"  sflow dashboard --run {run.name}   then open http://127.0.0.1:8765/",
         f"  sflow analytics eval --run {run.name}   held-out results;  sflow replay --help   the event log",
         "  train your own agent: examples/calculator/README.md;  every option: docs/training.md",
