@@ -9,6 +9,11 @@ ChatML). The engine's output of a reply that stopped on <|im_end|> already holds
 is the rest of CLOSE ("\\n"); a reply cut by max_tokens gets all of CLOSE. A template that cannot be
 split this way is refused at start-up (`TemplateError`) rather than producing prompts that differ from
 what the template would give.
+
+Tool-call arguments arrive as JSON strings (the OpenAI API's form); many templates (Qwen3.5+, GLM-4,
+Nemotron 3, LFM2, Gemma 4) read them as mappings, as Hugging Face's chat format has them, and raise on a
+string. Which form the template takes is probed too (`arguments_as_mapping`), and the messages rendered
+are given that form.
 """
 
 from __future__ import annotations
@@ -66,6 +71,8 @@ class ChatCodec:
         self.vocab_size = len(tokenizer)
         self._anchor_head: str | None = None
         self._anchor_prompt: str | None = None
+        self.arguments_as_mapping = False
+        self.arguments_as_mapping = self._takes_mapping_arguments()
         self.convention = self._probe()
         self.tool_call_style = self._tool_call_style()
         self._close_prefixes = {
@@ -99,6 +106,8 @@ class ChatCodec:
                *, add_generation_prompt: bool = True) -> str:
         if not messages:
             return self.convention.generation_prompt if add_generation_prompt else ""
+        if self.arguments_as_mapping:
+            messages = [_with_mapping_arguments(m) for m in messages]
         try:
             text = self.tokenizer.apply_chat_template(
                 [dict(m) for m in messages], tools=list(tools) if tools else None,
@@ -219,6 +228,24 @@ class ChatCodec:
                 )
         return convention
 
+    def _takes_mapping_arguments(self) -> bool:
+        """Whether the template renders a call only with its arguments as a mapping (it raises on, or does
+        not write, the JSON string)."""
+        conversation = [{"role": "user", "content": _PROBE_USER},
+                        {"role": "assistant", "content": "", "tool_calls": [_PROBE_CALL]}]
+        try:
+            as_string = self.render(conversation, _PROBE_TOOLS, add_generation_prompt=False)
+        except TemplateError:
+            as_string = ""
+        if "probe_tool" in as_string and '"1"' in as_string:
+            return False
+        self.arguments_as_mapping = True
+        try:
+            as_mapping = self.render(conversation, _PROBE_TOOLS, add_generation_prompt=False)
+        except TemplateError:
+            return False
+        return "probe_tool" in as_mapping
+
     def _tool_call_style(self) -> str:
         """How the template writes an assistant's tool call, hence how replies are parsed (`outputs`):
         "json" when the call is the bare `{"name": ..., "parameters": ...}` of Llama 3, else "hermes"."""
@@ -232,6 +259,24 @@ class ChatCodec:
         if not text.startswith(prefix):
             raise TemplateError(f"chat template: {problem}")
         return text[len(prefix) :]
+
+
+def _with_mapping_arguments(message: Message) -> Message:
+    """The message with its tool calls' JSON-string arguments parsed (left as they are if not JSON)."""
+    calls = message.get("tool_calls")
+    if not calls:
+        return message
+    out = []
+    for call in calls:
+        fn = call.get("function", call)
+        arguments = fn.get("arguments")
+        if isinstance(arguments, str):
+            try:
+                fn = {**fn, "arguments": json.loads(arguments)}
+            except ValueError:
+                pass
+        out.append({**call, "function": fn} if "function" in call else fn)
+    return {**message, "tool_calls": out}
 
 
 def _eos_ids(path: Path, tokenizer: Any) -> set[int]:
