@@ -117,13 +117,26 @@ def codec_for(name: str) -> ChatCodec:
 
 
 def _reply_text(codec: ChatCodec, message: dict[str, Any]) -> str:
-    """What the model writes for `message`: the template's rendering of it as the newest turn, without the
-    turn's close."""
-    head = codec.render([{"role": "user", "content": "Q"}], TOOLS)
-    full = codec.render([{"role": "user", "content": "Q"}, message], TOOLS, add_generation_prompt=False)
-    text = full[len(head):] if full.startswith(head) else message.get("content") or ""
+    """What the model writes for `message`: the template's rendering of it as the newest turn, after what the
+    generation prompt already wrote of it (all of the turn's opening, or part: a prefilled `<think>` that
+    history writes closed), without the turn's close."""
+    question = [{"role": "user", "content": "Q"}]
+    head = codec.render(question, TOOLS, add_generation_prompt=False)
+    turn = codec.render([*question, message], TOOLS, add_generation_prompt=False)[len(head):]
+    opening = codec.convention.generation_prompt
+    written = next((i for i, (a, b) in enumerate(zip(opening, turn, strict=False)) if a != b),
+                   min(len(opening), len(turn)))
+    text = turn[written:]
     close = codec.convention.turn_close
     return text.removesuffix(close) if close and text.endswith(close) else text.rstrip()
+
+
+def _stop(codec: ChatCodec) -> list[int]:
+    """The stop token the model ends a reply with: the one that begins the template's turn close (Llama 3.1:
+    <|eot_id|>, not <|eom_id|>), else any."""
+    ids = sorted(codec.eos_token_ids)
+    closing = [i for i in ids if codec.convention.turn_close.startswith(codec.decode([i]))]
+    return (closing or ids)[:1]
 
 
 #: the agent's side of a session: (assistant message the model should write, messages the agent adds after it)
@@ -169,7 +182,7 @@ def _session(codec: ChatCodec, script: Script, edit: bool, row: Row, label: str)
                 row.violations.append(f"{where}: the prompt does not continue the previous prompt + output ids")
             if built.drift_class not in (CONTINUATION, REALIGNED):
                 row.violations.append(f"{where}: classed {built.drift_class!r}")
-        output = codec.encode(_reply_text(codec, intended)) + sorted(codec.eos_token_ids)[:1]
+        output = codec.encode(_reply_text(codec, intended)) + _stop(codec)
         reply = finish_reply(codec, f"c{turn}", StitchedCall(built.ids, 10_000, output, [0.0] * len(output),
                                                              finish_reason="stop"),
                              stops=(), stop_token_ids=(), parse_tools=True)

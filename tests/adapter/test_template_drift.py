@@ -41,7 +41,7 @@ def test_the_real_families_are_served_with_their_vocabularies(rows: list[templat
     for name in ("qwen3_5_think", "qwen3_5_nothink", "qwen3_6"):  # XML-style calls: the proxy parses none
         assert name in served and served[name].tokenizer == "qwen3_5"
     assert served["qwen3"].classes[REALIGNED] > 0  # Qwen3 drops earlier think blocks: realigned, not forked
-    assert served["qwen2_5"].classes[REALIGNED] == 0
+    assert served["qwen2_5"].classes[REALIGNED] == served["llama3_1"].classes[REALIGNED] == 0
 
 
 def test_templates_that_need_mapping_arguments_are_probed() -> None:
