@@ -43,6 +43,16 @@ class ModelSection(_Strict):
         "(think blocks, <tool_call>) or Llama 3.1's (JSON tool calls, ipython turns), with their special tokens.")
     bpe_vocab_size: int = Field(default=4096, gt=256, description="Tokens of the `bpe` tokenizer (bytes included).")
 
+    @model_validator(mode="after")
+    def _vocabulary_has_the_formats_tokens(self) -> ModelSection:
+        from inference_svc.vocabularies import VOCABULARIES
+
+        vocabulary = VOCABULARIES.get(self.tokenizer)
+        if vocabulary is not None and self.chat_template not in vocabulary.families:
+            raise ValueError(f"model.chat_template={self.chat_template!r}: the {self.tokenizer} vocabulary has the "
+                             f"special tokens of {list(vocabulary.families)} only")
+        return self
+
 
 class TasksSection(_Strict):
     count: int = Field(default=400, ge=1, description="Tasks the example's `tasks` generator writes.")

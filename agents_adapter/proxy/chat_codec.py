@@ -242,7 +242,7 @@ class ChatCodec:
         """Whether the template renders a call only with its arguments as a mapping (it raises on, or does
         not write, the JSON string)."""
         conversation: list[Message] = [{"role": "user", "content": _PROBE_USER},
-                        {"role": "assistant", "content": "", "tool_calls": [_PROBE_CALL]}]
+                                       {"role": "assistant", "content": "", "tool_calls": [_PROBE_CALL]}]
         try:
             as_string = self.render(conversation, _PROBE_TOOLS, add_generation_prompt=False)
         except TemplateError:

@@ -165,3 +165,10 @@ def test_a_vocabulary_refuses_a_format_whose_tokens_it_lacks() -> None:
     with pytest.raises(ValueError, match="chat_template='chatml'"):
         DefaultModelSpec(tokenizer="llama3", chat_template="chatml")
     assert set(TEMPLATES["qwen3"].stop) <= set(build_tokenizer("qwen3", "chatml").get_vocab())
+    from pydantic import ValidationError
+
+    from infra.run_config import ModelSection
+
+    with pytest.raises(ValidationError, match=re.escape("model.chat_template='chatml'")):  # a run config, at start-up
+        ModelSection(tokenizer="llama3")
+    assert ModelSection(tokenizer="qwen3").chat_template == "chatml"
