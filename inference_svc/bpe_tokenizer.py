@@ -101,7 +101,9 @@ def _assistant(rng: random.Random, tools: bool) -> dict[str, Any]:
     return {"role": "assistant", "content": think + _prose(rng, rng.randint(1, 4))}
 
 
-def _conversation(rng: random.Random) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+def conversation(rng: random.Random) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    """A seeded synthetic conversation (prose, numbers, tool calls and results, think blocks, non-ASCII) and
+    its tools (None: none offered)."""
     tools = _TOOLS if rng.random() < 0.5 else None
     messages: list[dict[str, Any]] = []
     if rng.random() < 0.6:
@@ -124,7 +126,7 @@ def corpus(render: Callable[[list[dict[str, Any]], list[dict[str, Any]] | None],
     rng = random.Random(CORPUS_SEED)
     cut = re.compile("|".join(re.escape(t) for t in sorted(special_tokens, key=len, reverse=True)))
     for _ in range(CORPUS_CONVERSATIONS):
-        messages, tools = _conversation(rng)
+        messages, tools = conversation(rng)
         yield from (piece for piece in cut.split(render(messages, tools)) if piece)
 
 

