@@ -32,7 +32,7 @@ is mapped into its process.
     .venv/bin/python bench/adapter_bench.py [--sessions 64] [--turns 8] [--open-sessions 1000] [--profile 20]
 
 `--profile N` runs the proxy under cProfile for the last back-to-back round and prints where its event-loop
-thread's CPU goes (docs/architecture.md, "Proxy CPU").
+thread's CPU goes (docs/benchmarks.md, "adapter_bench.py").
 
 Final line: `ratio proxy/direct p50 latency: X.XXx`.
 """

@@ -36,7 +36,7 @@ _LAG_EVERY_S = 1.0  # how often a consumer with metrics reads its lag (after a p
 #: Overrides for a reader of every event of busy topics that needs no sub-second latency (the analytics sink,
 #: a run's monitor): the broker answers a fetch once 1 MiB is there or 200 ms passed. With librdkafka's
 #: `fetch.min.bytes` of 1 such a reader makes a fetch round trip for nearly every event produced, which the
-#: broker and the reader pay for in CPU (measured: docs/architecture.md, "Service CPU per call").
+#: broker and the reader pay for in CPU (docs/architecture.md, "The hot path, as built").
 BATCHED_FETCH: Final[Mapping[str, Any]] = MappingProxyType({"fetch.wait.max.ms": 200, "fetch.min.bytes": 1 << 20})
 
 

@@ -1,7 +1,7 @@
 """Prometheus metrics of every service: the catalog of names, and the plumbing each process shares.
 
 Why one catalog: the names, units and labels are a contract with whoever writes the dashboards and
-alerts, like the topic catalog is with the consumers; the README's table is this one (a unit test
+alerts, like the topic catalog is with the consumers; docs/operations.md's table is this one (a unit test
 compares them). Every name starts with `sflow_`, a counter ends with `_total`, a unit is the last word
 before it (`_seconds`, `_tokens`, `_messages`).
 

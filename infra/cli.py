@@ -304,7 +304,7 @@ def analytics_sql(
 
 @analytics_app.command("tables")
 def analytics_tables() -> None:
-    """The analytics tables and their columns (Markdown, as in the README)."""
+    """The analytics tables and their columns (Markdown, as in docs/operations.md)."""
     from infra.analytics.sql import tables_reference
 
     typer.echo(tables_reference(), nl=False)

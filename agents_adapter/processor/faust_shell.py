@@ -336,6 +336,6 @@ def worker(config: ProcessorConfig) -> None:
     log.info("trajectory processor %s on %s", processor.group_id, config.bus.bootstrap_servers, extra=_LOG)
     faust_worker = faust.Worker(processor.app, loglevel=config.log_level, quiet=True)
     # Faust's start-up spinner sets the root logger to DEBUG to animate on every record, for the whole run: each
-    # debug line of aiokafka and Faust then builds a LogRecord (docs/architecture.md, "Service CPU per call").
+    # debug line of aiokafka and Faust then builds a LogRecord (docs/architecture.md, "The hot path, as built").
     faust_worker.spinner = None
     faust_worker.execute_from_commandline()

@@ -235,7 +235,7 @@ ORDER BY run, step""",
         "Is the run collapsing: the collapse guard's metrics per train step",
         "Per run and step (TrainStepCompleted): token entropy, mean response length, the shares of truncated "
         "sessions and of zero-variance groups, the clip fraction per side, the groups dynamic sampling "
-        "filtered and what the collapse guard said (docs/architecture.md, trainer).",
+        "filtered and what the collapse guard said (docs/training.md, 'The collapse guard').",
         """
 SELECT run_id AS run, step, round(reward_mean, 4) AS reward, round(entropy, 4) AS entropy,
        round(response_length_mean, 1) AS response_length, round(truncated_fraction, 3) AS truncated,

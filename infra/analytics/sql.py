@@ -1,5 +1,5 @@
 """Ad-hoc SQL over a run's analytics store (`sflow analytics sql "SELECT ..."`), and the reference of its
-tables that the README shows.
+tables that docs/operations.md shows.
 
 Read-only twice over. The text must start with a reading statement (SELECT, WITH, SHOW, DESCRIBE, EXPLAIN),
 so a write gets a clear refusal before any store is opened; and the connection itself is put in
@@ -156,7 +156,7 @@ def _columns(columns: tuple[Column, ...]) -> str:
 
 
 def tables_reference() -> str:
-    """The tables and their columns as Markdown, from `infra.analytics.tables` (the README's copy is checked
+    """The tables and their columns as Markdown, from `infra.analytics.tables` (docs/operations.md's copy is checked
     against this by a test, so the two cannot drift)."""
     lines = [
         f"Every event table starts with the envelope: {_columns(ENVELOPE)}; then its own columns. "

@@ -124,7 +124,7 @@ class KafkaNode:
 
 #: The brokers' JIT: the client compiler (C1) only. A broker here lives minutes (a test session, a demo, a
 #: bench) on cores it shares with every service, and C2's compiler threads were then its largest CPU cost
-#: (measured: docs/architecture.md, "Producer settings and codec cost"). `jvm_flags=()` gives a long-lived
+#: (docs/architecture.md, "The hot path, as built"). `jvm_flags=()` gives a long-lived
 #: broker the JVM's default tiers.
 JIT_C1_ONLY = ("-XX:TieredStopAtLevel=1",)
 

@@ -12,7 +12,7 @@ service's environment (the proxy, the tests, RemoteEngineControl) need no change
 
 HTTP is a keep-alive HTTP/1.1 client of our own (`schemas.inference.http11`): the proxy makes one engine
 request per call, and httpx's stack cost ~1.4 ms of CPU per call, aiohttp's ~0.8 ms (bench/adapter_bench.py's
-profile, docs/architecture.md "Proxy CPU").
+profile, docs/architecture.md, "The hot path, as built").
 """
 
 from __future__ import annotations

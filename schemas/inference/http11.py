@@ -2,8 +2,8 @@
 
 Why not aiohttp: the proxy makes one engine request per served call, and aiohttp's request machinery
 (session, connector, tracing hooks, request and response objects, a stream reader, a payload writer) was
-its costliest single part, ~0.8 ms of CPU per call (bench/adapter_bench.py's profile, docs/architecture.md
-"Proxy CPU"). The engines speak plain HTTP/1.1 JSON (the native app, SGLang: uvicorn both), so what is
+its costliest single part, ~0.8 ms of CPU per call (bench/adapter_bench.py's profile; docs/architecture.md,
+"The hot path, as built"). The engines speak plain HTTP/1.1 JSON (the native app, SGLang: uvicorn both), so what is
 needed is small: a request written in one `write`, a response read into one buffer (Content-Length,
 chunked, or up to the close), and a pool of idle connections reused for `keepalive_s`.
 
