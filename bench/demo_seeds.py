@@ -3,11 +3,13 @@
 A demo that learns on one seed proves little: this runs the demo config (or `--config FILE`) once per seed,
 varying `seed` (the engines' sampling seeds and so every rollout) while the warm-up stays the base config's
 (`model.warmup_seed`), so it is trained once and then read from the cache. One Kafka broker serves every
-run (each run has its own topic prefix). Per seed it prints the held-out accuracy at the first and the last
-evaluation, the mean reward of the training sessions of the first and the last 10 policy versions (every
-session, also those dynamic sampling filtered from the trained batches), whether the collapse guard fired,
-and the wall time; a seed *improved* when its end accuracy is at least `--min-gain` above its start, its
-last-10 reward is above its first-10 reward and the guard never fired. Final line: `seeds improved: K/N`.
+run (each run has its own topic prefix). Per seed it prints, from the run's own `summary.json` (the one
+accounting of a run: `infra.summary.run_figures`), the held-out accuracy at the first and the last
+evaluation, the mean reward of the training sessions of the first and the last policy versions (every
+session, also those dynamic sampling filtered from the trained batches; aborted ones, cut off by the run's
+stop, left out), whether the collapse guard fired, and the wall time; a seed *improved* when its end
+accuracy is at least `--min-gain` above its start, its last versions' reward is above its first versions'
+and the guard never fired. Final line: `seeds improved: K/N`.
 
     .venv/bin/python bench/demo_seeds.py [--seeds 5] [--config infra/configs/demo.yaml] [--min-gain 0.15]
 """
@@ -15,6 +17,7 @@ last-10 reward is above its first-10 reward and the guard never fired. Final lin
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 import time
@@ -26,11 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from infra import stack
 from infra.demo import run
 from infra.launcher import stop_on_sigterm
-from infra.monitor import RunState
 from infra.run_config import RunConfig
 
 DEMO_CONFIG = Path(__file__).resolve().parents[1] / "infra" / "configs" / "demo.yaml"
-REWARD_WINDOW = 10
 
 
 @dataclass(frozen=True)
@@ -40,8 +41,10 @@ class SeedResult:
     steps: int
     accuracy_start: float
     accuracy_end: float
+    window: int  # policy versions at each end whose sessions' rewards are compared
     reward_first: float
     reward_last: float
+    aborted: int
     collapsed: bool
     wall_s: float
 
@@ -59,29 +62,28 @@ def seed_config(base: RunConfig, seed: int) -> RunConfig:
     return RunConfig.model_validate(data)
 
 
-def mean(values: list[float]) -> float:
-    return sum(values) / len(values) if values else float("nan")
-
-
-def seed_result(seed: int, run_name: str, state: RunState, wall_s: float) -> SeedResult:
-    rewards = [r for _, r in state.rollout_rewards()]  # every session's, not only the groups trained on
-    window = max(1, min(REWARD_WINDOW, len(rewards) // 2))
-    evals = [state.evals[step] for step in sorted(state.evals)]
+def seed_result(seed: int, root: Path, wall_s: float) -> SeedResult:
+    """The seed's figures as its run's `summary.json` holds them (not derived again here: two accountings
+    of one run disagreed, issue 38)."""
+    summary = json.loads((root / "summary.json").read_text())
+    evals = summary["eval"]
     return SeedResult(
-        seed=seed, run=run_name, steps=state.steps,
-        accuracy_start=evals[0].accuracy if evals else float("nan"),
-        accuracy_end=evals[-1].accuracy if evals else float("nan"),
-        reward_first=mean(rewards[:window]), reward_last=mean(rewards[-window:]),
-        collapsed=bool(state.collapse), wall_s=wall_s)
+        seed=seed, run=root.name, steps=summary["steps"],
+        accuracy_start=evals[0]["accuracy"] if evals else float("nan"),
+        accuracy_end=evals[-1]["accuracy"] if evals else float("nan"),
+        window=summary["window"], reward_first=summary["rollout_reward_first"],
+        reward_last=summary["rollout_reward_last"], aborted=summary["aborted_sessions"],
+        collapsed=bool(summary["collapse"]), wall_s=wall_s)
 
 
 def print_table(results: list[SeedResult], min_gain: float) -> None:
-    print(f"\n{'seed':>4}  {'steps':>5}  {'eval acc start -> end':>22}  {'reward first10 -> last10 v':>27}  "
-          f"{'collapsed':>9}  {'wall s':>6}  improved  run")
+    print(f"\n{'seed':>4}  {'steps':>5}  {'eval acc start -> end':>22}  {'session reward first -> last':>29}  "
+          f"{'aborted':>7}  {'collapsed':>9}  {'wall s':>6}  improved  run")
     for r in results:
         print(f"{r.seed:>4}  {r.steps:>5}  {r.accuracy_start:>10.3f} -> {r.accuracy_end:<8.3f}  "
-              f"{r.reward_first:>14.3f} -> {r.reward_last:<9.3f}  {'yes' if r.collapsed else 'no':>9}  "
-              f"{r.wall_s:>6.0f}  {'yes' if r.improved(min_gain) else 'no':>8}  {r.run}")
+              f"{r.reward_first:>10.3f} -> {r.reward_last:<6.3f} ({r.window} v)  {r.aborted:>7}  "
+              f"{'yes' if r.collapsed else 'no':>9}  {r.wall_s:>6.0f}  {'yes' if r.improved(min_gain) else 'no':>8}  "
+              f"{r.run}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -105,7 +107,7 @@ def main(argv: list[str] | None = None) -> None:
         for seed in range(args.first_seed, args.first_seed + args.seeds):
             t0 = time.monotonic()
             result = run(seed_config(base, seed), cluster=cluster)
-            results.append(seed_result(seed, result.root.name, result.state, time.monotonic() - t0))
+            results.append(seed_result(seed, result.root, time.monotonic() - t0))
             print_table(results, args.min_gain)
     finally:
         if started:

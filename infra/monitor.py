@@ -16,7 +16,7 @@ from bus.config import BusConfig
 from bus.consumer import BATCHED_FETCH, EventConsumer, Received, unique_group
 from infra.scalars import ScalarWriter
 from schemas import events as ev
-from schemas.rollout_events import is_held_out
+from schemas.rollout_events import SessionStatus, is_held_out
 
 TOPICS = ("llm.calls", "trajectories", "train", "weights", "scheduler")
 BUSY = frozenset({"rollout", "train", "reference", "critic"})
@@ -68,8 +68,11 @@ class RunState:
     trajectories: int = 0
     ready_groups: int = 0
     rewards: list[tuple[int, float]] = field(default_factory=list)  # (step, mean reward of the trained batch)
-    # trajectory id -> (policy version it started under, reward): every training session, trained or not
+    # trajectory id -> (policy version it started under, reward): every training session, trained or not,
+    # except the aborted ones: cut off (a run's stop, a drain) before the reward function ran, their reward
+    # means nothing (the trainer skips them too), and they fall in the versions that were current at the stop
     session_rewards: dict[str, tuple[int, float]] = field(default_factory=dict)
+    aborted_sessions: set[str] = field(default_factory=set)
     version: int = 0
     staleness: list[int] = field(default_factory=list)  # tokens by versions behind, summed over steps
     pauses_ms: list[float] = field(default_factory=list)
@@ -99,7 +102,7 @@ class RunState:
     def rollout_rewards(self) -> list[tuple[int, float]]:
         """(policy version, mean reward of the sessions started under it), oldest first. The trained
         batch's reward leaves out what dynamic sampling filtered (groups all right, or all wrong); this
-        is what the policy of each version earned on the training tasks."""
+        is what the policy of each version earned on the training tasks (aborted sessions left out)."""
         by_version: dict[int, list[float]] = defaultdict(list)
         for version, reward in self.session_rewards.values():
             by_version[version].append(reward)
@@ -232,7 +235,10 @@ class RunState:
         elif isinstance(event, ev.Trajectory):
             if not is_held_out(event.group_id):
                 self.trajectories += 1
-                self.session_rewards[event.trajectory_id] = (event.min_version, event.reward)
+                if event.status == SessionStatus.ABORTED:
+                    self.aborted_sessions.add(event.trajectory_id)
+                else:
+                    self.session_rewards[event.trajectory_id] = (event.min_version, event.reward)
             for call_id in event.call_ids:
                 if call_id in self.unassembled:
                     self.unassembled.discard(call_id)

@@ -10,11 +10,12 @@ from __future__ import annotations
 import json
 import logging
 from enum import StrEnum
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from infra.monitor import RunMonitor
+from infra.monitor import RunMonitor, RunState
 from infra.phases import PhaseClock
 from infra.run_config import RunConfig
 from infra.run_inputs import RunPaths
@@ -35,22 +36,40 @@ ENDED_BY = {StopReason.MAX_STEPS: "run.max_steps reached", StopReason.MAX_MINUTE
             StopReason.STALLED: "stall: nothing completed for run.stall_minutes (task stream exhausted?)"}
 
 
+def run_figures(s: RunState) -> dict[str, Any]:
+    """The run's figures as `summary.json` holds them: the one accounting of a run, which its table prints
+    and every reader of its results (bench/demo_seeds.py) reads, rather than deriving its own."""
+    k = max(1, min(3, s.steps // 2))
+    first, last = ends([r for _, r in s.rewards], k)
+    rollout_first, rollout_last = ends([r for _, r in s.rollout_rewards()], k)
+    return {"window": k, "reward_first": first, "reward_last": last, "rollout_reward_first": rollout_first,
+            "rollout_reward_last": rollout_last, "aborted_sessions": len(s.aborted_sessions), "steps": s.steps,
+            "calls": s.calls, "sessions": s.trajectories, "tokens_per_s": s.mean_tokens_per_s,
+            "mean_staleness": s.mean_staleness, "mean_pause_ms": s.mean_pause_ms,
+            "calls_spanning_update": s.calls_spanning_update,
+            "health_first_last": {m: list(v) for m, v in s.health_first_last(k).items()},
+            "filtered_groups": len(s.filtered_groups),
+            "collapse": [{"step": step, "signals": list(sig)} for step, sig in s.collapse],
+            "eval": s.eval_summary()}
+
+
 def summarise(config: RunConfig, paths: RunPaths, monitor: RunMonitor, ended_by: StopReason,
               clock: PhaseClock | None = None) -> None:
     from infra.charts import draw_charts
 
     s = monitor.snapshot()
-    rewards = [r for _, r in s.rewards]
-    k = max(1, min(3, len(rewards) // 2))
-    first, last = ends(rewards, k)
-    rollout_first, rollout_last = ends([r for _, r in s.rollout_rewards()], k)
+    figures = run_figures(s)
+    k = figures["window"]
     util = s.utilisation()
     work = s.work_share()
     table = Table(title=f"run {paths.root.name}")
     table.add_column("measure")
     table.add_column("value", justify="right")
-    table.add_row(f"reward of the trained batch, first / last {k} steps", f"{first:.3f} / {last:.3f}")
-    table.add_row(f"reward of every session, first / last {k} versions", f"{rollout_first:.3f} / {rollout_last:.3f}")
+    table.add_row(f"reward of the trained batch, first / last {k} steps",
+                  f"{figures['reward_first']:.3f} / {figures['reward_last']:.3f}")
+    table.add_row(f"reward of every session, first / last {k} versions",
+                  f"{figures['rollout_reward_first']:.3f} / {figures['rollout_reward_last']:.3f}")
+    table.add_row("sessions aborted (cut off: not in the rewards)", str(figures["aborted_sessions"]))
     table.add_row("train steps / policy version", f"{s.steps} / v{s.version}")
     table.add_row("ended by", ENDED_BY[ended_by])
     table.add_row("LLM calls / sessions", f"{s.calls} / {s.trajectories}")
@@ -61,8 +80,7 @@ def summarise(config: RunConfig, paths: RunPaths, monitor: RunMonitor, ended_by:
     table.add_row("staleness of trained tokens (mean)", f"{s.mean_staleness:.2f}")
     table.add_row("weight-sync pause ms (mean / max)", f"{s.mean_pause_ms:.0f} / {s.max_pause_ms:.0f}")
     table.add_row("calls spanning a weight update", f"{s.calls_spanning_update} / {s.calls}")
-    health = s.health_first_last(k)
-    for metric, (at_start, at_end) in health.items():
+    for metric, (at_start, at_end) in s.health_first_last(k).items():
         table.add_row(f"{metric.replace('_', ' ')}, first / last {k} steps", f"{at_start:.3f} / {at_end:.3f}")
     table.add_row("groups filtered (dynamic sampling)", str(len(s.filtered_groups)))
     table.add_row("collapse guard", s.collapse_verdict())
@@ -72,18 +90,9 @@ def summarise(config: RunConfig, paths: RunPaths, monitor: RunMonitor, ended_by:
                   f"{stored.get('llm_calls', 0)} / {stored.get('trajectories', 0)}")
     console.print(table)
     charts = draw_charts(paths.root, s)
-    summary = {"reward_first": first, "reward_last": last, "rollout_reward_first": rollout_first,
-               "rollout_reward_last": rollout_last, "steps": s.steps, "calls": s.calls,
-               "sessions": s.trajectories, "ended_by": ended_by, "tokens_per_s": s.mean_tokens_per_s,
+    summary = {**figures, "ended_by": ended_by,
                "utilisation": {r: {"busy": b, "work": work.get(r, 0.0), "idle": i} for r, (b, i) in util.items()},
-               "mean_staleness": s.mean_staleness, "mean_pause_ms": s.mean_pause_ms,
-               "calls_spanning_update": s.calls_spanning_update,
-               "health_first_last": {m: list(v) for m, v in health.items()},
-               "filtered_groups": len(s.filtered_groups),
-               "collapse": [{"step": step, "signals": list(sig)} for step, sig in s.collapse],
-               "eval": s.eval_summary(),
-               "analytics_rows": stored,
-               "charts": [str(c) for c in charts],
+               "analytics_rows": stored, "charts": [str(c) for c in charts],
                "phases_s": {name: round(seconds, 1) for name, seconds in (clock.seconds if clock else {}).items()}}
     (paths.root / "summary.json").write_text(json.dumps(summary, indent=2))
     if clock is not None:

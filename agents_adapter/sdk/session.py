@@ -3,7 +3,8 @@
     with AgentSession(base_url, api_key, task_id="t1", group_id="g1") as session:
         reply = session.client.chat.completions.create(model=..., messages=...)
         session.reward = verify(reply)        # reported on exit (status completed)
-    # an exception inside the block ends the session with status failed (reward 0 unless set)
+    # an exception inside the block ends the session with status failed (reward 0 unless set);
+    # a block cut off from outside (cancelled: its worker stopping) ends it aborted, its reward meaningless
 
 `session.client` is an ordinary `openai.OpenAI` whose every request carries the session headers
 (X-Session-Id, X-Task-Id, X-Group-Id), so any agent code that takes an OpenAI client works unchanged.
@@ -26,6 +27,7 @@ one, so a session's tree never holds two copies of one turn; ends and rewards ar
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from typing import Any, Generic, TypeVar
@@ -36,6 +38,10 @@ logger = logging.getLogger(__name__)
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 RETRY_BUDGET_S = 60.0
 _BACKOFF_FIRST_S, _BACKOFF_MAX_S, _BACKOFF_MIN_JITTER = 0.5, 8.0, 0.75  # openai's retry backoff
+#: What stops a session's block from outside: its worker cancelled it or is shutting down. The agent did not
+#: fail, it was cut off, so the session ends `aborted` (the trainer skips it, the run's rewards leave it out):
+#: ended `failed`, the sessions a run's stop cut off were counted as the last versions' reward 0.
+CUT_OFF = (asyncio.CancelledError, KeyboardInterrupt, SystemExit)
 
 
 def retries_covering(budget_s: float) -> int:
@@ -114,7 +120,8 @@ class _SessionBase(Generic[_Client]):
 
     def _end_request(self, exc: BaseException | None) -> tuple[str, dict[str, Any]]:
         if exc is not None:
-            return f"/sessions/{self.session_id}/end", {"reward": self.reward or 0.0, "status": "failed"}
+            status = "aborted" if isinstance(exc, CUT_OFF) else "failed"
+            return f"/sessions/{self.session_id}/end", {"reward": self.reward or 0.0, "status": status}
         return f"/sessions/{self.session_id}/end", {"reward": self.reward, "status": self.status}
 
     def _end_with(self, reward: float | None, status: str) -> tuple[str, dict[str, Any]]:
