@@ -46,11 +46,13 @@ import glob
 import importlib.metadata
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,7 +64,7 @@ import psutil
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from adapter_bench import percentile, process_cpu_ms, start, wait_http  # noqa: E402  (bench/, this directory)
+from adapter_bench import percentile, process_cpu_ms, start, thread_cpu, wait_http  # noqa: E402  (bench/, here)
 from fake_upstream import ANSWER, WEIGHT_VERSION, Script  # noqa: E402
 
 from agents_adapter.proxy.chat_codec import ChatCodec  # noqa: E402
@@ -148,6 +150,7 @@ class Phase:
     direct_ms: list[float] = field(default_factory=list)
     gateway_ms: list[float] = field(default_factory=list)
     cpu_ms: float = 0.0
+    by_thread: Counter[str] = field(default_factory=Counter)  # the gateway's CPU ms by thread name
     broker_cpu_ms: float = 0.0
     errors: int = 0
 
@@ -162,14 +165,16 @@ def tool_result(call: dict[str, Any]) -> Message:
     return {"role": "tool", "tool_call_id": call.get("id", ""), "content": ANSWER}
 
 
-async def run_sessions(count: int, turn: Turn, max_calls: int) -> tuple[list[float], int]:
-    """`count` concurrent tool sessions: a call, its tool calls answered, the next call, until a reply without
-    tool calls (or `max_calls`); latencies (ms) and the number of sessions that failed."""
+async def run_sessions(count: int, turn: Turn, max_calls: int, think_ms: float = 0.0) -> tuple[list[float], int]:
+    """`count` concurrent tool sessions: a call, its tool calls answered (after up to `think_ms` of tool time,
+    uniform, the same draws on every path), the next call, until a reply without tool calls (or `max_calls`);
+    latencies (ms) and the number of sessions that failed."""
     latencies: list[float] = []
     errors = 0
 
     async def session(i: int) -> None:
         nonlocal errors
+        rng = random.Random(i)
         messages: list[Message] = [{"role": "system", "content": SYSTEM},
                                    {"role": "user", "content": f"What is 12 + 7? (session {i})"}]
         for _ in range(max_calls):
@@ -183,6 +188,8 @@ async def run_sessions(count: int, turn: Turn, max_calls: int) -> tuple[list[flo
             if not message.get("tool_calls"):
                 return
             messages += [tool_result(call) for call in message["tool_calls"]]
+            if think_ms:
+                await asyncio.sleep(rng.uniform(0, think_ms) / 1000)
 
     await asyncio.gather(*(session(i) for i in range(count)))
     return latencies, errors
@@ -244,17 +251,19 @@ async def measure(gateway: Gateway, args: argparse.Namespace, http: httpx.AsyncC
     await run_sessions(8, fns["through"](gateway, "warm"), calls)
     await run_sessions(8, direct, calls)
     phases: dict[str, Phase] = {}
-    for label, sessions, rounds in (("back to back", 1, args.sequential), (f"{args.sessions} concurrent", args.sessions,
-                                                                            args.rounds)):
+    for label, sessions, rounds, think in (("back to back", 1, args.sequential, 0.0),
+                                           (f"{args.sessions} concurrent", args.sessions, args.rounds, args.think_ms)):
         phase = phases[label] = Phase()
         for r in range(rounds):  # alternated, so that both paths see the same background load
-            latencies, _ = await run_sessions(sessions, direct, calls)
+            latencies, _ = await run_sessions(sessions, direct, calls, think)
             phase.direct_ms += latencies
             tag = f"{'seq' if sessions == 1 else 'conc'}-{r}"
             await gateway.prepare(http, tag, sessions)
-            before, broker_before = process_cpu_ms(gateway.proc), process_cpu_ms(broker) if broker else 0.0
-            latencies, errors = await run_sessions(sessions, fns["through"](gateway, tag), calls)
-            phase.cpu_ms += process_cpu_ms(gateway.proc) - before
+            before, broker_before = thread_cpu(gateway.proc), process_cpu_ms(broker) if broker else 0.0
+            latencies, errors = await run_sessions(sessions, fns["through"](gateway, tag), calls, think)
+            after = thread_cpu(gateway.proc)
+            phase.by_thread.update({name: ms - before.get(name, 0.0) for name, ms in after.items()})
+            phase.cpu_ms += sum(after.values()) - sum(before.values())
             phase.broker_cpu_ms += (process_cpu_ms(broker) - broker_before) if broker else 0.0
             phase.gateway_ms += latencies
             phase.errors += errors
@@ -436,9 +445,12 @@ def print_results(gateways: list[Gateway], results: dict[str, dict[str, Phase]],
             print(f"{g.name:<26}{label:<15}{len(p.gateway_ms):>6}{p.errors:>4}{p.cpu_per_call():>12.2f}"
                   f"{p.added(0.5):>13.2f}{p.added(0.99):>13.2f}{percentile(p.direct_ms, 0.5):>11.2f}"
                   f"{len(p.direct_ms):>13}")
+            calls = max(1, len(p.gateway_ms))
+            print("    by thread, ms/call: " + ", ".join(
+                f"{name} {ms / calls:.2f}" for name, ms in p.by_thread.most_common(5) if ms / calls >= 0.01))
             if broker and g.kind == "sflow":
-                print(f"{'  + its Kafka broker':<26}{label:<15}{'':>10}"
-                      f"{p.broker_cpu_ms / max(1, len(p.gateway_ms)):>12.2f}")
+                print(f"{'  + its Kafka broker':<26}{label:<15}{'':>10}{p.broker_cpu_ms / calls:>12.2f}"
+                      f"   (proxy + broker {(p.cpu_ms + p.broker_cpu_ms) / calls:.2f})")
     print(f"\n{'gateway':<26}{'RSS MiB start -> end':>22}  recorded / served, read back")
     for g in gateways:
         print(f"{g.name:<26}{g.rss_start_mb:>10.1f} -> {g.proc.memory_info().rss / 2**20:<8.1f}  {records[g.name]}")
@@ -447,12 +459,16 @@ def print_results(gateways: list[Gateway], results: dict[str, dict[str, Phase]],
         print(f"- {g.name} [{g.version}]\n    records: {g.records}\n    runs: {g.settings}")
     ratios = {}
     for label in list(results[gateways[0].name]):
-        ours = [results[g.name][label].cpu_per_call() for g in gateways if g.kind == "sflow"]
+        ours = [results[g.name][label] for g in gateways if g.kind == "sflow"]
         peers = {g.name: results[g.name][label].cpu_per_call() for g in gateways if g.kind != "sflow"}
         if ours and peers:
             best = min(peers, key=lambda name: peers[name])
-            ratios[label] = peers[best] / max(1e-9, ours[0])
-            print(f"{label}: best peer {best} {peers[best]:.2f} ms/call, SeamlessFlow {ours[0]:.2f} ms/call")
+            ratios[label] = peers[best] / max(1e-9, ours[0].cpu_per_call())
+            with_broker = (ours[0].cpu_ms + ours[0].broker_cpu_ms) / max(1, len(ours[0].gateway_ms))
+            print(f"{label}: best peer {best} {peers[best]:.2f} ms/call, SeamlessFlow proxy "
+                  f"{ours[0].cpu_per_call():.2f} ms/call" + (
+                      f" (with its broker {with_broker:.2f}: best peer / proxy + broker "
+                      f"{peers[best] / max(1e-9, with_broker):.2f}x)" if broker else ""))
     labels = list(ratios)
     if len(labels) == 2:
         print(f"{labels[0]} phase, CPU per call best peer / SeamlessFlow: {ratios[labels[0]]:.2f}x")
@@ -480,6 +496,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sequential", type=int, default=25, help="sessions of the back-to-back phase")
     parser.add_argument("--tool-turns", type=int, default=3, help="tool calls per session before its answer")
     parser.add_argument("--latency-ms", type=float, default=20.0, help="the fake upstream's fixed latency")
+    parser.add_argument("--think-ms", type=float, default=2000.0,
+                        help="tool time between the concurrent phase's calls, uniform in [0, think-ms]: it keeps a "
+                             "2-core machine below saturation (else queueing in the shared upstream dominates)")
     parser.add_argument("--rllm-sync", action="store_true", help="also rllm-model-gateway with sync_traces: true")
     parser.add_argument("--peer-python", default="", help="a Python >= 3.12 for Agent Lightning's venv")
     parser.add_argument("--only", default="sflow,rllm,agl", help="gateways to run, of sflow, rllm, agl")
