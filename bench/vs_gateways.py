@@ -168,7 +168,7 @@ def tool_result(call: dict[str, Any]) -> Message:
 async def run_sessions(count: int, turn: Turn, max_calls: int, think_ms: float = 0.0) -> tuple[list[float], int]:
     """`count` concurrent tool sessions: a call, its tool calls answered (after up to `think_ms` of tool time,
     uniform, the same draws on every path), the next call, until a reply without tool calls (or `max_calls`);
-    latencies (ms) and the number of sessions that failed."""
+    with a think time, sessions start spread over one. Latencies (ms) and the number of sessions that failed."""
     latencies: list[float] = []
     errors = 0
 
@@ -177,6 +177,8 @@ async def run_sessions(count: int, turn: Turn, max_calls: int, think_ms: float =
         rng = random.Random(i)
         messages: list[Message] = [{"role": "system", "content": SYSTEM},
                                    {"role": "user", "content": f"What is 12 + 7? (session {i})"}]
+        if think_ms:  # sessions start spread over a think time, as in a steady state, not in one burst
+            await asyncio.sleep(rng.uniform(0, think_ms) / 1000)
         for _ in range(max_calls):
             try:
                 message, latency_ms = await turn(i, messages)
