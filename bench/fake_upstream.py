@@ -31,6 +31,7 @@ sys.path.insert(0, str(REPO))
 
 import orjson  # noqa: E402
 import uvicorn  # noqa: E402
+from proxy_floor import answer_json, request_body  # noqa: E402  (bench/, this directory)
 
 from agents_adapter.proxy.chat_codec import ChatCodec  # noqa: E402
 from examples.calculator.tool import CALCULATOR  # noqa: E402
@@ -69,15 +70,10 @@ class FakeUpstream:
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await request_body(receive)
         path, started = scope["path"], asyncio.get_running_loop().time()
         if scope["method"] == "GET":  # readiness and health probes (/health, /health_generate, /v1/models)
-            await _answer(send, b'{"status":"ok"}')
+            await answer_json(send, b'{"status":"ok"}')
             return
         request = orjson.loads(body) if body else {}
         if path == "/generate":
@@ -87,11 +83,11 @@ class FakeUpstream:
         elif path == "/abort_request":
             reply = {"num_aborted": 0}
         else:
-            await _answer(send, b'{"error":{"message":"not found"}}', 404)
+            await answer_json(send, b'{"error":{"message":"not found"}}', 404)
             return
         self.calls += 1
         await asyncio.sleep(max(0.0, started + self.latency_s - asyncio.get_running_loop().time()))
-        await _answer(send, orjson.dumps(reply))
+        await answer_json(send, orjson.dumps(reply))
 
     def generate(self, request: dict[str, Any]) -> dict[str, Any]:
         """SGLang's /generate answer for the prompt ids (its turn read from the tool results it holds)."""
@@ -125,12 +121,6 @@ class FakeUpstream:
                              "token_ids": ids}],
                 "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(ids),
                           "total_tokens": len(prompt_ids) + len(ids)}}
-
-
-async def _answer(send: Any, payload: bytes, status: int = 200) -> None:
-    await send({"type": "http.response.start", "status": status, "headers": [
-        (b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]})
-    await send({"type": "http.response.body", "body": payload})
 
 
 def main() -> None:

@@ -63,14 +63,9 @@ class FloorApp:
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await request_body(receive)
         if scope["method"] == "GET":  # the bench's readiness probe
-            await _answer(send, b'{"status":"ok"}')
+            await answer_json(send, b'{"status":"ok"}')
             return
         request = json.loads(body)
         text = "".join(str(m.get("content") or "") for m in request.get("messages", ()))
@@ -83,7 +78,7 @@ class FloorApp:
             self.db.execute("COMMIT")
         if self.producer is not None:
             await self._published(self.producer, body)
-        await _answer(send, json.dumps({"object": "chat.completion", "choices": [{"index": 0, "message": {
+        await answer_json(send, json.dumps({"object": "chat.completion", "choices": [{"index": 0, "message": {
             "role": "assistant", "content": str(output.get("output_ids"))}, "finish_reason": "length"}],
             "engine_status": status}).encode())
 
@@ -115,8 +110,18 @@ class FloorApp:
         await future
 
 
-async def _answer(send: Any, payload: bytes) -> None:
-    await send({"type": "http.response.start", "status": 200, "headers": [
+async def request_body(receive: Any) -> bytes:
+    """A raw ASGI request's whole body."""
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            return body
+
+
+async def answer_json(send: Any, payload: bytes, status: int = 200) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": [
         (b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]})
     await send({"type": "http.response.body", "body": payload})
 

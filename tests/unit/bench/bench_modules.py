@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
+import json
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 BENCH = Path(__file__).resolve().parents[3] / "bench"
 
@@ -18,3 +21,18 @@ def load_bench(name: str) -> ModuleType:
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def post_asgi(app: Any, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """One POST of a JSON body through a raw ASGI callable (a bench's server): its status and JSON reply."""
+    sent: list[dict[str, Any]] = []
+    incoming = [{"type": "http.request", "body": json.dumps(body).encode(), "more_body": False}]
+
+    async def receive() -> dict[str, Any]:
+        return incoming.pop(0)
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    asyncio.run(app({"type": "http", "method": "POST", "path": path}, receive, send))
+    return sent[0]["status"], json.loads(sent[1]["body"])

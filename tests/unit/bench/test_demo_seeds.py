@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -47,7 +48,7 @@ def _state(rewards: list[float], accuracies: dict[int, float], collapse: bool = 
     return state
 
 
-def _seed(tmp_path: Path, state: RunState, name: str = "run") -> object:
+def _seed(tmp_path: Path, state: RunState, name: str = "run") -> Any:
     """The seed's result as the bench reads it: from the summary.json the run wrote."""
     root = tmp_path / name
     root.mkdir()

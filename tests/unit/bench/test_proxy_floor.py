@@ -4,40 +4,22 @@ resolves the tenths of a millisecond per call that the bench compares."""
 
 from __future__ import annotations
 
-import asyncio
-import json
 import sqlite3
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import psutil
 import pytest
 
-from tests.unit.bench.bench_modules import load_bench
+from tests.unit.bench.bench_modules import load_bench, post_asgi
 
 pytestmark = pytest.mark.unit
 
 proxy_floor = load_bench("proxy_floor")
 load_bench("proxy_steps")  # adapter_bench imports both from its own directory
 adapter_bench = load_bench("adapter_bench")
-
-
-def _served(app: Any, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-    """One POST through the ASGI callable: its status and JSON body."""
-    sent: list[dict[str, Any]] = []
-    incoming = [{"type": "http.request", "body": json.dumps(body).encode(), "more_body": False}]
-
-    async def receive() -> dict[str, Any]:
-        return incoming.pop(0)
-
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
-
-    asyncio.run(app({"type": "http", "method": "POST", "path": "/v1/chat/completions"}, receive, send))
-    return sent[0]["status"], json.loads(sent[1]["body"])
 
 
 def _stored_rows(path: Path) -> int:
@@ -52,7 +34,7 @@ def test_a_floor_without_parts_answers_and_stores_only_what_it_keeps(tmp_path: P
     # no producer: the Kafka part is left out too
     app = proxy_floor.FloorApp(None if "engine" in without else "http://127.0.0.1:9", None, "unused",
                                None if "store" in without else tmp_path / "calls.db")
-    status, reply = _served(app, {"messages": [{"role": "user", "content": "hi"}]})
+    status, reply = post_asgi(app, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})
     assert status == 200 and reply["object"] == "chat.completion"
     assert _stored_rows(tmp_path / "calls.db") == (0 if "store" in without else 1)
 

@@ -15,12 +15,12 @@ import pytest
 from agents_adapter.proxy.chat_codec import ChatCodec
 from agents_adapter.proxy.outputs import parse_tool_calls
 from inference_svc.default_model import DefaultModelSpec, create_default_model
-from tests.unit.bench.bench_modules import load_bench
+from tests.unit.bench.bench_modules import load_bench, post_asgi
 
 pytestmark = pytest.mark.unit
 
+load_bench("proxy_floor")  # fake_upstream and adapter_bench import it from their own directory
 fake_upstream = load_bench("fake_upstream")
-load_bench("proxy_floor")
 load_bench("proxy_steps")
 load_bench("adapter_bench")  # vs_gateways imports its helpers from its own directory
 vs_gateways = load_bench("vs_gateways")
@@ -35,19 +35,9 @@ def codec(tmp_path_factory: pytest.TempPathFactory) -> ChatCodec:
 
 
 def _post(app: Any, path: str, body: dict[str, Any]) -> dict[str, Any]:
-    """One POST through the ASGI callable (its fixed latency is 0 here)."""
-    sent: list[dict[str, Any]] = []
-    incoming = [{"type": "http.request", "body": json.dumps(body).encode(), "more_body": False}]
-
-    async def receive() -> dict[str, Any]:
-        return incoming.pop(0)
-
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
-
-    asyncio.run(app({"type": "http", "method": "POST", "path": path}, receive, send))
-    assert sent[0]["status"] == 200
-    return dict(json.loads(sent[1]["body"]))
+    status, reply = post_asgi(app, path, body)  # the fake's fixed latency is 0 here
+    assert status == 200
+    return reply
 
 
 def test_both_apis_answer_the_same_tool_session_with_the_same_ids(codec: ChatCodec) -> None:
