@@ -44,6 +44,7 @@ import argparse
 import asyncio
 import glob
 import importlib.metadata
+import importlib.util
 import json
 import os
 import random
@@ -314,8 +315,9 @@ async def recorded(gateway: Gateway, http: httpx.AsyncClient, script: Script, bu
 # ----- starting the processes
 
 
-def peer_python(args: argparse.Namespace) -> Path:
-    """Agent Lightning's venv (Python >= 3.12), created and installed on the first run."""
+def peer_python(args: argparse.Namespace) -> Path | None:
+    """Agent Lightning's venv (Python >= 3.12), created and installed on the first run; None (said why) where
+    no Python >= 3.12 is found or the install fails: the other gateways are measured without it."""
     target = PEER_VENVS / f"agentlightning-{AGL_VERSION}"
     python = target / "bin" / "python"
     probe = [str(python), "-c", "import agentlightning.server.app, uvloop, httptools"]
@@ -324,12 +326,19 @@ def peer_python(args: argparse.Namespace) -> Path:
     base = next((c for c in python312_candidates(args.peer_python) if subprocess.run(
         [c, "-c", "import sys; sys.exit(sys.version_info < (3, 12))"], capture_output=True).returncode == 0), None)
     if base is None:
-        raise SystemExit("agentlightning 1.0.2 needs Python >= 3.12: give one with --peer-python")
+        print(f"Agent Lightning skipped: agentlightning {AGL_VERSION} needs Python >= 3.12, none found "
+              "(give one with --peer-python)", flush=True)
+        return None
     print(f"installing agentlightning=={AGL_VERSION} into {target} (Python {base}) ...", flush=True)
-    subprocess.run([base, "-m", "venv", str(target)], check=True)
     # the same server stack as the others: uvicorn on uvloop and httptools, at this venv's versions
     stack = [f"{name}=={importlib.metadata.version(name)}" for name in ("uvloop", "httptools")]
-    subprocess.run([str(python), "-m", "pip", "install", "-q", f"agentlightning=={AGL_VERSION}", *stack], check=True)
+    try:
+        subprocess.run([base, "-m", "venv", str(target)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", f"agentlightning=={AGL_VERSION}", *stack],
+                       check=True)
+    except subprocess.CalledProcessError as e:
+        print(f"Agent Lightning skipped: installing it into {target} failed ({e})", flush=True)
+        return None
     return python
 
 
@@ -397,7 +406,11 @@ def start_gateways(args: argparse.Namespace, work: Path, model: Path, upstream: 
             "SGLang /generate (token in/out, its own chat template + tokenizer); one-broker KRaft Kafka beside it; "
             "bearer key checked"), proc, "/health", log))
     rllm_configs = [("rllm-model-gateway", False), *([("rllm-model-gateway sync", True)] if args.rllm_sync else [])]
-    for name, sync in rllm_configs if "rllm" in args.only else []:
+    rllm_installed = importlib.util.find_spec("rllm_model_gateway") is not None
+    if "rllm" in args.only and not rllm_installed:
+        print(f"rllm-model-gateway skipped: not installed (pip install -e '.[peers]': "
+              f"rllm-model-gateway=={RLLM_VERSION})")
+    for name, sync in rllm_configs if "rllm" in args.only and rllm_installed else []:
         config = {"workers": [{"url": f"{upstream}/v1", "worker_id": "0"}], "db_path": str(work / f"{name}.db"),
                   "store_worker": "sqlite", "log_level": "WARNING", "sync_traces": sync,
                   "health_check_interval": 10.0}
@@ -410,8 +423,8 @@ def start_gateways(args: argparse.Namespace, work: Path, model: Path, upstream: 
                                                     "written after the reply (sync_traces false, its default)"),
             "vLLM /v1/chat/completions (+logprobs, return_token_ids); no auth (it has none)"), proc, "/health",
             work / f"{name}.log"))
-    if "agl" in args.only:
-        python = peer_python(args)
+    python = peer_python(args) if "agl" in args.only else None
+    if python is not None:
         config = {"host": "127.0.0.1", "port": 0, "key": KEY, "default_proxy": {
             "model_name": model.name, "include_log_probs": True, "include_routed_experts": False,
             "train": {"temperature": 0.0}, "val": {"temperature": 0.0}}}
