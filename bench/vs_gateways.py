@@ -398,6 +398,7 @@ def start_gateways(args: argparse.Namespace, work: Path, model: Path, upstream: 
                       "--bootstrap-servers", bus.bootstrap_servers, "--topic-prefix", bus.topic_prefix,
                       "--max-engine-connections", "256", "--log-level", "warning", "--max-inflight-per-agent", "256"],
                      env | {"SFLOW_ADAPTER_API_KEYS": f"bench={KEY}", "SFLOW_ADAPTER_ADMIN_KEY": ADMIN}, log)
+        started.procs.append(proc)  # stopped at the end even if a later start fails
         pending.append((Gateway(
             "sflow", "SeamlessFlow proxy", versions_of(Path(sys.executable), ("uvicorn", "confluent-kafka")),
             psutil.Process(proc.pid), f"http://127.0.0.1:{port}", "generate",
@@ -411,10 +412,12 @@ def start_gateways(args: argparse.Namespace, work: Path, model: Path, upstream: 
         print(f"rllm-model-gateway skipped: not installed (pip install -e '.[peers]': "
               f"rllm-model-gateway=={RLLM_VERSION})")
     for name, sync in rllm_configs if "rllm" in args.only and rllm_installed else []:
-        config = {"workers": [{"url": f"{upstream}/v1", "worker_id": "0"}], "db_path": str(work / f"{name}.db"),
+        stem = work / name.replace(" ", "-")
+        config = {"workers": [{"url": f"{upstream}/v1", "worker_id": "0"}], "db_path": f"{stem}.db",
                   "store_worker": "sqlite", "log_level": "WARNING", "sync_traces": sync,
                   "health_check_interval": 10.0}
-        proc, url = start_peer(Path(sys.executable), "rllm", config, work / f"{name.replace(' ', '-')}.log")
+        proc, url = start_peer(Path(sys.executable), "rllm", config, Path(f"{stem}.log"))
+        started.procs.append(proc)
         pending.append((Gateway(
             "rllm", name, versions_of(Path(sys.executable), ("rllm-model-gateway", "uvicorn", "aiosqlite")),
             psutil.Process(proc.pid), url, "chat",
@@ -422,13 +425,14 @@ def start_gateways(args: argparse.Namespace, work: Path, model: Path, upstream: 
             "messages, raw request + response; " + ("committed before the reply (sync_traces)" if sync else
                                                     "written after the reply (sync_traces false, its default)"),
             "vLLM /v1/chat/completions (+logprobs, return_token_ids); no auth (it has none)"), proc, "/health",
-            work / f"{name}.log"))
+            Path(f"{stem}.log")))
     python = peer_python(args) if "agl" in args.only else None
     if python is not None:
         config = {"host": "127.0.0.1", "port": 0, "key": KEY, "default_proxy": {
             "model_name": model.name, "include_log_probs": True, "include_routed_experts": False,
             "train": {"temperature": 0.0}, "val": {"temperature": 0.0}}}
         proc, url = start_peer(python, "agl", config, work / "agl.log")
+        started.procs.append(proc)
         pending.append((Gateway(
             "agl", "Agent Lightning proxy", versions_of(python, ("agentlightning", "uvicorn")),
             psutil.Process(proc.pid), url, "chat",
@@ -437,7 +441,6 @@ def start_gateways(args: argparse.Namespace, work: Path, model: Path, upstream: 
             "vLLM /v1/chat/completions (+logprobs, return_token_ids, temperature from its config); bearer key "
             "checked; its own venv (Python >= 3.12); structlog at warning"), proc, "/healthz", work / "agl.log"))
     for gateway, proc, health, log in pending:
-        started.procs.append(proc)
         wait_http(f"{gateway.url}{health}", proc, log)
         gateway.rss_start_mb = gateway.proc.memory_info().rss / 2**20
         if gateway.kind == "agl":
