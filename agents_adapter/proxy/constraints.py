@@ -194,7 +194,7 @@ class Constraints:
 
     def __init__(self, codec: ChatCodec) -> None:
         self.codec = codec
-        self._special_tokens = [str(t) for t in getattr(codec.tokenizer, "all_special_tokens", ())]
+        self._special_tokens = [codec.decode([int(i)]) for i in getattr(codec.tokenizer, "all_special_ids", ())]
         try:
             self.syntax: ToolCallSyntax | None = ToolCallSyntax.probe(codec)
             self.syntax_problem = ""
