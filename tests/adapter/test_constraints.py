@@ -59,7 +59,7 @@ def rendered_calls(codec: ChatCodec, calls: list[tuple[str, str]]) -> list[int]:
         {"id": f"c{i}", "type": "function", "function": {"name": n, "arguments": a}} for i, (n, a) in enumerate(calls)]}
     full = codec.render([*user, turn], TOOLS, add_generation_prompt=False)
     body = full[len(head) : len(full) - len(codec.convention.turn_close)]
-    return codec.encode(body) + [min(codec.eos_token_ids)]
+    return [*codec.encode(body), min(codec.eos_token_ids)]
 
 
 def takes(found: Any, ids: list[int]) -> bool:

@@ -68,7 +68,7 @@ def test_every_output_follows_its_grammar_in_a_mixed_batch(
         assert follows(engine, sampling, result.output_ids), text
         if sampling.json_schema:
             jsonschema.validate(json.loads(text), SCHEMA)
-            assert text == json.dumps(json.loads(text), ensure_ascii=False)  # compact: json.dumps's separators, no free whitespace
+            assert text == json.dumps(json.loads(text), ensure_ascii=False)  # compact: no free whitespace
         # logprobs are under the masked (renormalised) distribution: never below the unmasked ones
         unmasked = full_forward_logprobs(reference_models[0], prompt, result.output_ids)
         assert all(lp <= 0 and lp >= free - 1e-4 for lp, free in zip(result.output_logprobs, unmasked, strict=True))
