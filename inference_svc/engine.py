@@ -71,7 +71,7 @@ class NativeEngine(EngineControl):
         model_path: Path | str,
         *,
         max_running_requests: int = 64,
-        max_context: int = 4096,
+        max_context: int = 32_768,
         device: str = "cpu",
         dtype: str = "float32",
         seed: int = 0,
