@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 
 #: llguidance's JSON options for `json_schema` requests (see the module doc).
 COMPACT_JSON: JsonCompileOptions = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-_BITS = torch.arange(32, dtype=torch.int32)
+_BITS = torch.tensor([1 << k for k in range(32)], dtype=torch.int64).to(torch.int32)  # 1 << 31 wraps to the sign bit
 
 
 class GrammarCompiler:
@@ -123,18 +123,19 @@ def mask_logits(logits: torch.Tensor, matchers: list[Any]) -> None:
     """Sets, in place, the logits of the tokens each row's matcher forbids to -inf (None: no grammar).
 
     A matcher in an error state (it never is after a token it allowed) leaves its row unmasked and logs."""
-    import llguidance.torch
-
     rows = [i for i, m in enumerate(matchers) if m is not None and not m.is_error()]
     if not rows:
         return
     vocab = logits.shape[1]
-    bitmask = llguidance.torch.allocate_token_bitmask(len(rows), vocab)
-    for j, i in enumerate(rows):
-        llguidance.torch.fill_next_token_bitmask(matchers[i], bitmask, j)
-    allowed = ((bitmask.unsqueeze(-1) >> _BITS) & 1).view(len(rows), -1)[:, :vocab].bool()
-    index = torch.tensor(rows, device=logits.device)
-    logits[index] = logits[index].masked_fill(~allowed.to(logits.device), float("-inf"))
+    bitmask = torch.empty((len(rows), (vocab + 31) // 32), dtype=torch.int32)  # llguidance's layout: bit k of
+    for j, i in enumerate(rows):  # word w allows token 32w + k; the matcher writes its row in place
+        matchers[i].unsafe_compute_mask_ptr(bitmask[j].data_ptr(), bitmask.shape[1] * 4)
+    forbidden = (bitmask.unsqueeze(-1) & _BITS).eq(0).view(len(rows), -1)[:, :vocab].to(logits.device)
+    if len(rows) == len(matchers):
+        logits.masked_fill_(forbidden, float("-inf"))
+    else:
+        index = torch.tensor(rows, device=logits.device)
+        logits[index] = logits[index].masked_fill(forbidden, float("-inf"))
 
 
 def advance(matcher: Any, token: int) -> bool:
