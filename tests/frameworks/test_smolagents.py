@@ -67,44 +67,47 @@ def run_agent(agent: Any, task: str) -> str:
         return f"agent error: {e}"[:200]
 
 
-def check_recorded(bus: BusConfig, proxy: Proxy, session: str, exchanges: Exchanges,
-                   seen: dict[str, tuple[list[int], Any]], worker: Worker) -> list[ev.LLMCall]:
-    """What the proxy guarantees, whatever the agent made of the replies."""
-    statuses = [status for status, _, _ in exchanges.answers]
-    assert exchanges.answers and set(statuses) == {200}, [a for a in exchanges.answers if a[0] != 200]
-    calls = sorted((c for c in recorded(bus, "llm.calls", ev.LLMCall) if c.session_id == session),
-                   key=lambda c: c.turn)
-    assert len(calls) == len(exchanges.answers) == len({c.call_id for c in calls})  # every call recorded once
-    for call in calls:
-        engine_input, future = seen[f"{call.call_id}-0"]
-        assert list(call.prompt_ids) == engine_input  # the recorded prompt is what the engine read
-        assert list(call.output_ids) == future.result().output_ids  # and the tokens it wrote
-    ended = httpx.post(f"{proxy.url}/v1/sessions/{session}/end", json={"reward": 0.0},
-                       headers={"Authorization": "Bearer key-a"})
-    assert ended.status_code == 200, ended.text
-    worker.wait_ready()
-    trajectory = wait_for_trajectories(bus, {session}, worker)[session]
-    assert set(trajectory.call_ids) == {c.call_id for c in calls}
-    return calls
+def served_and_recorded(bus: BusConfig, start_proxy: Callable[..., Proxy], engine_a: tuple[str, Any],  # noqa: F811
+                        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, session: str,
+                        make_agent: Callable[[OpenAIModel], Any]) -> tuple[Exchanges, list[ev.LLMCall]]:
+    """Runs a stock agent through the proxy and checks what the proxy guarantees, whatever the agent made
+    of the replies: every request answered, every call recorded once with the engine's own input and
+    output, the session a trajectory of those calls."""
+    print(f"smolagents {smolagents.__version__}")
+    worker = Worker(bus, tmp_path / "data", tmp_path / "worker.log")
+    worker.start()
+    seen = engine_inputs(engine_a[1], monkeypatch)
+    proxy = start_proxy(bus, (f"rollout-a={engine_a[0]}",))
+    exchanges = Exchanges()
+    agent = make_agent(smolagents_model(proxy, session, exchanges))
+    try:
+        print(run_agent(agent, "What is the weather in Paris?"))
+        statuses = [status for status, _, _ in exchanges.answers]
+        assert exchanges.answers and set(statuses) == {200}, [a for a in exchanges.answers if a[0] != 200]
+        calls = sorted((c for c in recorded(bus, "llm.calls", ev.LLMCall) if c.session_id == session),
+                       key=lambda c: c.turn)
+        assert len(calls) == len(exchanges.answers) == len({c.call_id for c in calls})  # each recorded once
+        for call in calls:
+            engine_input, future = seen[f"{call.call_id}-0"]
+            assert list(call.prompt_ids) == engine_input  # the recorded prompt is what the engine read
+            assert list(call.output_ids) == future.result().output_ids  # and the tokens it wrote
+        ended = httpx.post(f"{proxy.url}/v1/sessions/{session}/end", json={"reward": 0.0},
+                           headers={"Authorization": "Bearer key-a"})
+        assert ended.status_code == 200, ended.text
+        worker.wait_ready()
+        trajectory = wait_for_trajectories(bus, {session}, worker)[session]
+        assert set(trajectory.call_ids) == {c.call_id for c in calls}
+    finally:
+        worker.stop()
+    return exchanges, calls
 
 
 def test_stock_tool_calling_agent_gets_forced_tool_calls(
     bus_config: BusConfig, start_proxy: Callable[..., Proxy], engine_a: tuple[str, Any],  # noqa: F811
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
 ) -> None:
-    print(f"smolagents {smolagents.__version__}")
-    worker = Worker(bus_config, tmp_path / "data", tmp_path / "worker.log")
-    worker.start()
-    seen = engine_inputs(engine_a[1], monkeypatch)
-    proxy = start_proxy(bus_config, (f"rollout-a={engine_a[0]}",))
-    exchanges = Exchanges()
-    agent = ToolCallingAgent(tools=[get_weather], model=smolagents_model(proxy, "smol-tools", exchanges),
-                             max_steps=3)
-    try:
-        print(run_agent(agent, "What is the weather in Paris?"))
-        check_recorded(bus_config, proxy, "smol-tools", exchanges, seen, worker)
-    finally:
-        worker.stop()
+    exchanges, _ = served_and_recorded(bus_config, start_proxy, engine_a, monkeypatch, tmp_path, "smol-tools",
+                                       lambda model: ToolCallingAgent(tools=[get_weather], model=model, max_steps=3))
     forced = [(request, body) for _, request, body in exchanges.answers if request.get("tool_choice") == "required"]
     assert forced, "the stock ToolCallingAgent asks for tool_choice='required'"
     tool_names = {"get_weather", "final_answer"}
@@ -123,17 +126,7 @@ def test_stock_code_agent_with_its_long_system_prompt_is_served(
     bus_config: BusConfig, start_proxy: Callable[..., Proxy], engine_a: tuple[str, Any],  # noqa: F811
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
 ) -> None:
-    print(f"smolagents {smolagents.__version__}")
-    worker = Worker(bus_config, tmp_path / "data", tmp_path / "worker.log")
-    worker.start()
-    seen = engine_inputs(engine_a[1], monkeypatch)
-    proxy = start_proxy(bus_config, (f"rollout-a={engine_a[0]}",))
-    exchanges = Exchanges()
-    agent = CodeAgent(tools=[get_weather], model=smolagents_model(proxy, "smol-code", exchanges), max_steps=2)
-    try:
-        print(run_agent(agent, "What is the weather in Paris?"))
-        calls = check_recorded(bus_config, proxy, "smol-code", exchanges, seen, worker)
-    finally:
-        worker.stop()
+    _, calls = served_and_recorded(bus_config, start_proxy, engine_a, monkeypatch, tmp_path, "smol-code",
+                                   lambda model: CodeAgent(tools=[get_weather], model=model, max_steps=2))
     assert len(calls[0].prompt_ids) > 4096  # the old context would have refused it
     print(f"calls: {len(calls)}, prompt tokens: {[len(c.prompt_ids) for c in calls]}")
