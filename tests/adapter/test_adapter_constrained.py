@@ -35,16 +35,18 @@ def test_every_api_serves_forced_calls_and_formats(
     seen = engine_inputs(engine_a[1], monkeypatch)
     proxy = start_proxy(bus_config, (f"rollout-a={engine_a[0]}",))
     chat = proxy.client(session="forced").chat.completions
+    forced: list[tuple[Any, set[str]]] = [("required", {"calculator", "give_up"}),
+                                          ({"type": "function", "function": {"name": "calculator"}}, {"calculator"})]
     for seed in range(3):
-        for choice, names in [("required", {"calculator", "give_up"}),
-                              ({"type": "function", "function": {"name": "calculator"}}, {"calculator"})]:
+        for choice, names in forced:
             reply = chat.create(model=proxy.model, messages=ASK, tools=TOOLS, tool_choice=choice, max_tokens=300,
                                 seed=seed)
             assert reply.choices[0].finish_reason == "tool_calls" and reply.choices[0].message.tool_calls
             for call in reply.choices[0].message.tool_calls:
-                assert call.function.name in names  # type: ignore[union-attr]
-                arguments = json.loads(call.function.arguments)  # type: ignore[union-attr]
-                jsonschema.validate(arguments, ARGS if call.function.name == "calculator" else {"maxProperties": 0})  # type: ignore[union-attr]
+                function: Any = call.function  # type: ignore[union-attr]
+                assert function.name in names
+                jsonschema.validate(json.loads(function.arguments),
+                                    ARGS if function.name == "calculator" else {"maxProperties": 0})
         formatted = chat.create(model=proxy.model, messages=ASK, max_tokens=60, seed=seed, response_format={
             "type": "json_schema", "json_schema": {"name": "answer", "schema": ANSWER}})
         jsonschema.validate(json.loads(formatted.choices[0].message.content or ""), ANSWER)
@@ -54,18 +56,20 @@ def test_every_api_serves_forced_calls_and_formats(
 
     messages = anthropic.Anthropic(base_url=proxy.url, api_key="key-a", max_retries=0,
                                    default_headers={"X-Session-Id": "forced-messages"}).messages
-    tool = {"name": "calculator", "input_schema": ARGS}
-    for choice in [{"type": "any"}, {"type": "tool", "name": "calculator", "disable_parallel_tool_use": True}]:
-        message = messages.create(model=proxy.model, max_tokens=300, messages=ASK, tools=[tool],  # type: ignore[arg-type]
-                                  tool_choice=choice)  # type: ignore[arg-type]
+    tool: Any = {"name": "calculator", "input_schema": ARGS}
+    anthropic_choices: list[Any] = [{"type": "any"},
+                                    {"type": "tool", "name": "calculator", "disable_parallel_tool_use": True}]
+    for anthropic_choice in anthropic_choices:
+        message = messages.create(model=proxy.model, max_tokens=300, messages=ASK, tools=[tool],
+                                  tool_choice=anthropic_choice)
         uses = [b for b in message.content if b.type == "tool_use"]
         assert message.stop_reason == "tool_use" and uses and all(b.name == "calculator" for b in uses)
         jsonschema.validate(uses[0].input, ARGS)
 
     responses = proxy.client(session="forced-responses").responses
     response = responses.create(model=proxy.model, input="6*7?", tool_choice="required", max_output_tokens=300,
-                                parallel_tool_calls=False, tools=[{"type": "function", "name": "calculator", "parameters": ARGS,
-                                        "strict": False}])
+                                parallel_tool_calls=False,
+                                tools=[{"type": "function", "name": "calculator", "parameters": ARGS, "strict": False}])
     assert [item.type for item in response.output] == ["function_call"]
     formatted_response = responses.create(model=proxy.model, input="6*7?", max_output_tokens=60, text={
         "format": {"type": "json_schema", "name": "answer", "schema": ANSWER}})
