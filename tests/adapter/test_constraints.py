@@ -168,3 +168,17 @@ def test_a_template_without_a_cuttable_call_says_what_to_change() -> None:
     with pytest.raises(InvalidParameterError, match="arguments string unchanged"):
         constraints.grammar(TOOLS, "required", None, None)
     assert constraints.grammar(TOOLS, "auto", None, None).ebnf is None
+
+
+def test_a_resumed_constrained_run_carries_the_tokens_already_generated() -> None:
+    """The dispatcher's engine request: a free one is SGLang's payload as before (no new field), a
+    constrained one names its grammar, and a resumed one how many of its input ids the grammar already took."""
+    from agents_adapter.proxy.dispatch import EngineSampling
+    from schemas.inference.client import generate_payload
+
+    free = generate_payload([1, 2, 3], EngineSampling().params(10, 4))["sampling_params"]
+    assert not set(free) & {"json_schema", "regex", "ebnf", "structural_tag", "grammar_prefix_tokens"}
+    constrained = EngineSampling(json_schema='{"type": "object"}')
+    assert generate_payload([1], constrained.params(10))["sampling_params"]["json_schema"] == '{"type": "object"}'
+    assert "grammar_prefix_tokens" not in generate_payload([1], constrained.params(10))["sampling_params"]
+    assert constrained.params(6, 4).grammar_prefix_tokens == 4
