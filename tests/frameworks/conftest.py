@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +17,6 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 from agents_adapter.proxy.chat_codec import ChatCodec
 from inference_svc.default_model import DefaultModelSpec, create_default_model
 from tests.adapter.support import free_port, serve
-
-FRAMEWORKS = ("smolagents",)
-
-
-def pytest_report_header() -> str:
-    return "frameworks: " + ", ".join(f"{name} {version(name)}" for name in FRAMEWORKS)
 
 
 @pytest.fixture(scope="session", autouse=True)
