@@ -58,8 +58,8 @@ class ToolCallSyntax:
         if pieces is None:
             raise TemplateError(
                 "the chat template does not write a tool call as text + name + text + arguments + text "
-                f"(probe rendered {one!r}): forced tool calls need a template that writes the call's name and "
-                "its JSON arguments as given (the arguments string unchanged)"
+                f"(probe rendered {one!r}): forced tool calls need a template that writes the call's name and then "
+                "its arguments as one JSON object (the string as given, or the mapping as json.dumps writes it)"
             )
         prefix, middle, suffix = pieces
         try:

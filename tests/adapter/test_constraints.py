@@ -157,15 +157,18 @@ def test_anthropic_and_responses_forms_mean_the_chat_ones() -> None:
 
 
 def test_a_template_without_a_cuttable_call_says_what_to_change() -> None:
-    """A template that re-serializes the arguments (a string becomes a JSON string) has no grammar here:
-    free decoding still serves, a forced call is a 400 naming what the template must do."""
+    """A template that writes the arguments as tags of their own (as Qwen3-Coder's does), not as the JSON
+    object, has no grammar here: free decoding still serves, a forced call is a 400 naming what to change."""
     tokenizer = build_tokenizer("byte", "chatml")
     raw = "{%- if fn.arguments is string -%}{{- fn.arguments -}}{%- else -%}{{- fn.arguments | tojson -}}{%- endif -%}"
     assert raw in tokenizer.chat_template
-    tokenizer.chat_template = tokenizer.chat_template.replace(raw, "{{- fn.arguments | tojson -}}")
-    constraints = Constraints(ChatCodec(tokenizer, tokenizer.convert_tokens_to_ids(list(TEMPLATES["chatml"].stop))))
+    tokenizer.chat_template = tokenizer.chat_template.replace(
+        raw, "{%- for k, v in fn.arguments.items() -%}<{{ k }}>{{ v }}</{{ k }}>{%- endfor -%}")
+    codec = ChatCodec(tokenizer, tokenizer.convert_tokens_to_ids(list(TEMPLATES["chatml"].stop)))
+    assert codec.arguments_as_mapping
+    constraints = Constraints(codec)
     assert constraints.syntax is None
-    with pytest.raises(InvalidParameterError, match="arguments string unchanged"):
+    with pytest.raises(InvalidParameterError, match="arguments as one JSON object"):
         constraints.grammar(TOOLS, "required", None, None)
     assert constraints.grammar(TOOLS, "auto", None, None).ebnf is None
 
