@@ -26,7 +26,7 @@ help:
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip setuptools wheel
-	$(PIP) install -q -e '.[dev]'
+	$(PIP) install -q -e '.[dev,frameworks]'
 	# DeepSpeed ships an sdist that imports torch while building: install it after torch.
 	$(PIP) install -q --no-build-isolation 'deepspeed>=0.14'
 	@touch $@

@@ -55,6 +55,7 @@ class RequestState:
     cached_len: int = 0  # tokens whose KV is in the slot; the rest are fed at the next step
     slot: int = -1
     reused: int = 0  # prompt tokens taken from the prefix cache
+    matcher: Any = None  # the grammar's llguidance matcher of a constrained request (`grammar`), else None
 
     def uncached_tokens(self) -> list[int]:
         """The tokens to feed at the next step (without rebuilding prompt + output every step)."""
@@ -105,6 +106,9 @@ def validate_request(input_ids: list[int], sampling: SamplingOptions, vocab_size
     for tok in sampling.stop_token_ids:
         if not 0 <= tok < vocab_size:
             raise InvalidRequestError(f"stop_token_ids has {tok}, outside [0, {vocab_size})")
+    if sampling.structural_tag is not None:
+        raise InvalidRequestError("structural_tag is not served by the native engine: send the grammar as ebnf "
+                                  "(Lark), json_schema or regex")
     if sampling.max_new_tokens is None:
         return min(DEFAULT_MAX_NEW_TOKENS, room)
     return sampling.max_new_tokens
@@ -112,7 +116,7 @@ def validate_request(input_ids: list[int], sampling: SamplingOptions, vocab_size
 
 def new_request(
     rid: str, input_ids: list[int], sampling: SamplingOptions, max_new_tokens: int, *, seed: int,
-    eos_ids: frozenset[int], listener: Callable[[GenerationResult], object] | None,
+    eos_ids: frozenset[int], listener: Callable[[GenerationResult], object] | None, matcher: Any = None,
 ) -> RequestState:
     """The record of a validated request; its future is already running (it cannot be cancelled)."""
     stop_ids = set(sampling.stop_token_ids)
@@ -132,6 +136,7 @@ def new_request(
         generator=torch.Generator().manual_seed(seed % (2**63)),
         future=Future(),
         listener=listener,
+        matcher=matcher,
     )
     seq.future.set_running_or_notify_cancel()
     return seq

@@ -57,7 +57,7 @@ class InferenceConfig(BaseModel):
         default=64, ge=1, le=4096, description="Sequences decoded together; more requests wait in a queue."
     )
     max_context: int = Field(
-        default=4096,
+        default=32_768,
         ge=2,
         description="Longest prompt + output in tokens (capped by the model's max_position_embeddings).",
     )

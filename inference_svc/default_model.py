@@ -68,7 +68,7 @@ class DefaultModelSpec:
     num_attention_heads: int = 4
     num_key_value_heads: int = 2
     head_dim: int = 32
-    max_position_embeddings: int = 4096
+    max_position_embeddings: int = 32_768  # stock agent prompts: smolagents' CodeAgent system prompt is ~8.7K
     initializer_range: float = 0.05
     seed: int = 0
     vocab_size: int = 0  # embedding rows; 0: the tokenizer's size. Real checkpoints pad theirs (Qwen3: 151,936

@@ -20,7 +20,8 @@ Partial rollout (docs/architecture.md, "Partial rollout"):
 
 The parts: `batching` (request records, the command inbox, admission and slot bookkeeping, per-request
 seeding), `prefix_cache` (reuse of finished requests' KV), `model_loading`, `model_runner` (the batched
-forward) and `sampling`. This module is the engine's public face and its decode loop.
+forward), `grammar` (constrained decoding: each constrained request's matcher masks its row's logits) and
+`sampling`. This module is the engine's public face and its decode loop.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ import torch
 
 from inference_svc.batching import Batch, Command, Inbox, RequestState, abort_reason, new_request, validate_request
 from inference_svc.config import InferenceConfig
+from inference_svc.grammar import GrammarCompiler, advance, mask_logits
 from inference_svc.model_loading import DTYPES, eos_token_ids, load_model
 from inference_svc.model_runner import BatchRunner, SlotKVCache, model_shape
 from inference_svc.prefix_cache import PrefixCache
@@ -69,7 +71,7 @@ class NativeEngine(EngineControl):
         model_path: Path | str,
         *,
         max_running_requests: int = 64,
-        max_context: int = 4096,
+        max_context: int = 32_768,
         device: str = "cpu",
         dtype: str = "float32",
         seed: int = 0,
@@ -97,6 +99,7 @@ class NativeEngine(EngineControl):
         self.eos_token_ids = eos_token_ids(self._model)
         self.model_type: str = self._model.config.model_type
         self.architectures: list[str] = list(getattr(self._model.config, "architectures", None) or [])
+        self._grammars = GrammarCompiler(self.model_path, self.vocab_size, self.eos_token_ids)
         cache = SlotKVCache(
             shape, max_running_requests + prefix_cache_slots, min(kv_initial_tokens, self.max_context),
             self.max_context, DTYPES[dtype], torch.device(device),
@@ -197,10 +200,11 @@ class NativeEngine(EngineControl):
             raise EngineClosedError("the engine is shut down")
         sampling = sampling or SamplingOptions()
         max_new = self.validate(input_ids, sampling)
+        matcher = self._grammars.matcher(sampling, input_ids) if sampling.constrained else None
         arrival = next(self._arrivals)
         seed = sampling.seed if sampling.seed is not None else (self._seed * 1_000_003 + arrival)
         seq = new_request(rid or uuid.uuid4().hex, input_ids, sampling, max_new, seed=seed,
-                          eos_ids=self.eos_token_ids, listener=listener)
+                          eos_ids=self.eos_token_ids, listener=listener, matcher=matcher)
         self._inbox.put(seq)
         if self._closed and not self._thread.is_alive():  # the loop died meanwhile: do not leave it hanging
             self._fail_leftovers()
@@ -375,6 +379,7 @@ class NativeEngine(EngineControl):
         logits = self._runner.extend(
             [s.slot for s in group], [s.cached_len for s in group], [s.uncached_tokens() for s in group]
         )
+        mask_logits(logits, [s.matcher for s in group])
         uniforms = torch.cat([torch.rand(1, generator=s.generator) for s in group])
         tokens, logprobs = sample_rows(logits, [s.sampling for s in group], uniforms)
         version = self._version
@@ -384,7 +389,8 @@ class NativeEngine(EngineControl):
             seq.logprobs.append(lp)
             seq.versions.append(version)
             self._tokens_generated += 1
-            if tok in seq.stop_ids:
+            grammar_done = seq.matcher is not None and advance(seq.matcher, tok) and tok in self.eos_token_ids
+            if tok in seq.stop_ids or grammar_done:
                 self._batch.resolve(seq, FinishReason("stop", matched=tok), version)
             elif len(seq.out_ids) >= seq.max_new_tokens or len(seq.prompt) + len(seq.out_ids) >= self.max_context:
                 self._batch.resolve(seq, FinishReason("length", length=len(seq.out_ids)), version)

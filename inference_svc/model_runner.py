@@ -156,7 +156,10 @@ class BatchRunner:
             valid = torch.arange(width, device=device).unsqueeze(0) < torch.tensor(lengths, device=device).unsqueeze(1)
             write_b, write_i = valid.nonzero(as_tuple=True)
             write_slot, write_pos = slot_t[write_b], positions[write_b, write_i]
-        # allowed[b, 0, i, j]: query i of row b may attend key position j (causal over prefix + chunk)
+        # allowed[b, 0, i, j]: query i of row b may attend key position j (causal over prefix + chunk). One
+        # row from position 0 is plain causal attention: no mask, so SDPA's fused kernel runs without
+        # materializing a width x width mask (a 32K-token prompt: 1 GB of mask, 4 GB as float scores).
+        plain_causal = batch == 1 and offsets[0] == 0 and not decode
         allowed = torch.arange(kv_len, device=device).view(1, 1, 1, kv_len) <= positions.view(batch, 1, width, 1)
         first = slots[0]
         rows = slice(first, first + batch) if slots == list(range(first, first + batch)) else slot_t
@@ -183,7 +186,8 @@ class BatchRunner:
                 cache_k[write_slot, :, write_pos] = k[write_b, write_i].to(cache_k.dtype)
                 cache_v[write_slot, :, write_pos] = v[write_b, write_i].to(cache_v.dtype)
                 out = F.scaled_dot_product_attention(
-                    q.transpose(1, 2), cache_k[rows, :, :kv_len], cache_v[rows, :, :kv_len], attn_mask=allowed,
+                    q.transpose(1, 2), cache_k[rows, :, :kv_len], cache_v[rows, :, :kv_len],
+                    attn_mask=None if plain_causal else allowed, is_causal=plain_causal,
                     scale=layer.sdpa_scale, enable_gqa=self.shape.num_kv_heads != self.shape.num_heads,
                 ).transpose(1, 2).reshape(batch, width, -1)
             hidden = layer.finish(hidden, out)

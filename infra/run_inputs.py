@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from trainer_svc.warmup import Demonstrations
 
 console = Console()
-_CACHE_FORMAT = 4  # bumped when what the cached warm-up depends on changes
+_CACHE_FORMAT = 5  # bumped when what the cached warm-up depends on changes (5: 32K-token context)
 
 
 @dataclass(frozen=True)

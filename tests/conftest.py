@@ -43,3 +43,19 @@ def bus_config(kafka_cluster: KafkaCluster) -> BusConfig:
 @pytest.fixture
 def workdir(tmp_path: Path) -> Path:
     return tmp_path
+
+
+#: The agent frameworks tests/frameworks runs (the `frameworks` extra); their versions head every test run.
+FRAMEWORKS = ("smolagents",)
+
+
+def pytest_report_header() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    def installed(name: str) -> str:
+        try:
+            return f"{name} {version(name)}"
+        except PackageNotFoundError:
+            return f"{name} (not installed: pip install -e '.[frameworks]')"
+
+    return "frameworks: " + ", ".join(installed(name) for name in FRAMEWORKS)

@@ -154,19 +154,32 @@ def chat_messages(req: MessagesRequest) -> list[dict[str, Any]]:
 
 
 def chat_request(req: MessagesRequest, limits: BodyLimits) -> ChatCompletionRequest:
-    choice = (req.tool_choice or {}).get("type", "auto")
-    if choice not in ("auto", "none"):
-        raise unsupported("tool_choice", "only {'type': 'auto'} and {'type': 'none'} are served "
-                                         "(decoding is not constrained)")
+    choice, parallel = _chat_tool_choice(req.tool_choice)
     fields: dict[str, Any] = {
         "model": req.model, "messages": chat_messages(req), "max_tokens": req.max_tokens, "stop": req.stop_sequences,
         "temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k, "tool_choice": choice,
+        "parallel_tool_calls": parallel,
         "user": req.metadata.user_id if req.metadata else None,
         "tools": [{"type": "function", "function": {"name": t.name, "description": t.description,
                                                     "parameters": t.input_schema}} for t in req.tools]
         if req.tools else None,
     }
     return validate_fields({k: v for k, v in fields.items() if v is not None}, ChatCompletionRequest, limits)
+
+
+def _chat_tool_choice(tool_choice: dict[str, Any] | None) -> tuple[Any, bool | None]:
+    """Anthropic's tool_choice as chat's (and its parallel_tool_calls): auto, none, any (required) or a
+    named tool (a forced call: constrained decoding)."""
+    choice = tool_choice or {}
+    kind = choice.get("type", "auto")
+    parallel = False if choice.get("disable_parallel_tool_use") else None
+    if kind in ("auto", "none"):
+        return kind, parallel
+    if kind == "any":
+        return "required", parallel
+    if kind == "tool" and isinstance(choice.get("name"), str):
+        return {"type": "function", "function": {"name": choice["name"]}}, parallel
+    raise unsupported("tool_choice", f"{choice!r}: expected type auto, none, any, or tool with a name")
 
 
 # ------------------------------------------------------------------------------------------ serving

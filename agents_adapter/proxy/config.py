@@ -285,7 +285,8 @@ class AdapterConfig(BaseModel):
         return f"http://{self.host}:{self.port}"
 
     def context_tokens(self) -> int:
-        """Prompt + output limit: configured, else the model's max_position_embeddings (else 4096)."""
+        """Prompt + output limit: configured, else the model's max_position_embeddings (else 4096, a
+        conservative guess for a model directory that does not say)."""
         if self.max_context_tokens is not None:
             return self.max_context_tokens
         try:

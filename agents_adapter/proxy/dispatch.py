@@ -56,6 +56,9 @@ class EngineSampling:
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    json_schema: str | None = None  # the grammar the reply is decoded under (`constraints`), at most one
+    regex: str | None = None
+    ebnf: str | None = None
 
     def greedy_below(self, floor: float) -> EngineSampling:
         """Temperatures in (0, floor) as 0: logits divided by 1e-39 overflow to inf and the engine's
@@ -66,10 +69,15 @@ class EngineSampling:
         """Choice i of a seeded request samples with seed + i (n identical samples would be useless)."""
         return self if self.seed is None or choice == 0 else replace(self, seed=self.seed + choice)
 
-    def params(self, max_new_tokens: int) -> SamplingParams:
+    def params(self, max_new_tokens: int, generated: int = 0) -> SamplingParams:
+        """`generated`: tokens of this call already generated (by earlier runs): a constrained run goes on
+        from the grammar state they reached."""
+        constrained = any(g is not None for g in (self.json_schema, self.regex, self.ebnf))
         return SamplingParams(
             max_new_tokens=max_new_tokens, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
             sampling_seed=self.seed, stop_token_ids=list(self.stop_token_ids) or None, ignore_eos=self.ignore_eos,
+            json_schema=self.json_schema, regex=self.regex, ebnf=self.ebnf,
+            grammar_prefix_tokens=generated if constrained and generated else None,
         )
 
 
@@ -161,8 +169,8 @@ class Dispatcher:
             if remaining <= 0:
                 raise TimeoutError
             async with asyncio.timeout(remaining):  # not wait_for: no second task per engine request
-                response = await client.generate(stitched.next_input_ids(), sampling.params(stitched.remaining),
-                                                 rid=rid)
+                params = sampling.params(stitched.remaining, len(stitched.output_ids))
+                response = await client.generate(stitched.next_input_ids(), params, rid=rid)
         except TimeoutError as e:
             self._abort_later(client, rid)
             raise LongRequestTimeoutError(

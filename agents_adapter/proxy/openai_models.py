@@ -2,7 +2,8 @@
 
 Unknown fields are ignored, as OpenAI-compatible servers (vLLM, SGLang) do, so newer clients keep
 working; fields we know but cannot honour (penalties, logit_bias, a forced tool choice, echo, ...)
-are refused with a 400 that names them (`unsupported`). Ranges follow OpenAI's API reference.
+are refused with a 400 that names them (`unsupported`). A forced tool choice and `response_format` are
+served by constrained decoding (`constraints`). Ranges follow OpenAI's API reference.
 Vendor extensions accepted like vLLM's: `top_k`, `ignore_eos`.
 
 Size limits that depend on the proxy's config (messages per request, prompts per batch, the reward
@@ -178,10 +179,6 @@ class ChatCompletionRequest(_Sampling):
         super().check_supported()
         if self.top_logprobs and not self.logprobs:
             raise unsupported("top_logprobs", "top_logprobs needs logprobs=true")
-        if self.tool_choice not in (None, "none", "auto"):
-            raise unsupported("tool_choice", "only 'auto' and 'none' are served (decoding is not constrained)")
-        if self.response_format and self.response_format.get("type", "text") != "text":
-            raise unsupported("response_format", "only {'type': 'text'} is served (decoding is not constrained)")
 
     def max_new(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens

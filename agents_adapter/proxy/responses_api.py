@@ -163,17 +163,35 @@ def input_messages(items: Sequence[InputMessage | FunctionCallItem | FunctionCal
 def chat_request(req: ResponsesRequest, history: Sequence[dict[str, Any]], added: Sequence[dict[str, Any]],
                  limits: BodyLimits) -> ChatCompletionRequest:
     """The chat request the Responses request means: instructions, the kept history, the new input."""
-    if req.text and (req.text.get("format") or {}).get("type", "text") != "text":
-        raise unsupported("text", "only text.format {'type': 'text'} is served (decoding is not constrained)")
     system = [{"role": "system", "content": req.instructions}] if req.instructions else []
     fields: dict[str, Any] = {
         "model": req.model, "messages": [*system, *history, *added], "max_tokens": req.max_output_tokens,
         "temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k, "seed": req.seed,
-        "ignore_eos": req.ignore_eos, "tool_choice": req.tool_choice, "user": req.user, "metadata": req.metadata,
+        "ignore_eos": req.ignore_eos, "tool_choice": _chat_tool_choice(req.tool_choice), "user": req.user,
+        "metadata": req.metadata,
+        "parallel_tool_calls": req.parallel_tool_calls, "response_format": _response_format(req.text),
         "tools": [{"type": "function", "function": t.model_dump(exclude={"type"}, exclude_none=True)}
                   for t in req.tools] if req.tools else None,
     }
     return validate_fields({k: v for k, v in fields.items() if v is not None}, ChatCompletionRequest, limits)
+
+
+def _chat_tool_choice(tool_choice: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
+    """The Responses API's named function `{"type": "function", "name"}` in chat's form."""
+    if isinstance(tool_choice, dict) and tool_choice.get("type") == "function" and "name" in tool_choice:
+        return {"type": "function", "function": {"name": tool_choice["name"]}}
+    if isinstance(tool_choice, dict):
+        raise unsupported("tool_choice", f"{tool_choice!r}: expected 'none', 'auto', 'required' or "
+                                         "{'type': 'function', 'name': ...}")
+    return tool_choice
+
+
+def _response_format(text: dict[str, Any] | None) -> dict[str, Any] | None:
+    """`text.format` as chat's response_format: json_schema's name/schema/strict sit in `format` itself."""
+    fmt = (text or {}).get("format") or {"type": "text"}
+    if fmt.get("type") == "json_schema":
+        return {"type": "json_schema", "json_schema": {k: v for k, v in fmt.items() if k != "type"}}
+    return dict(fmt)
 
 
 # ---------------------------------------------------------------------------------- kept responses
@@ -294,7 +312,8 @@ def response_body(req: ResponsesRequest, served: Served) -> dict[str, Any]:
         "top_p": 1.0 if req.top_p is None else req.top_p,
         "tools": [t.model_dump(exclude_none=True) for t in req.tools or ()],
         "tool_choice": req.tool_choice or "auto", "parallel_tool_calls": req.parallel_tool_calls is not False,
-        "store": req.store, "text": {"format": {"type": "text"}}, "truncation": "disabled", "user": req.user,
+        "store": req.store, "text": {"format": (req.text or {}).get("format") or {"type": "text"}},
+        "truncation": "disabled", "user": req.user,
         "usage": {"input_tokens": tokens["prompt_tokens"],
                   "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
                   "output_tokens": tokens["completion_tokens"], "output_tokens_details": {"reasoning_tokens": 0},

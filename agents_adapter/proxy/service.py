@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 from agents_adapter.errors import InvalidParameterError, PromptTooLongError, UnknownModelError
 from agents_adapter.proxy.chat_codec import ChatCodec
 from agents_adapter.proxy.config import AdapterConfig
+from agents_adapter.proxy.constraints import Constraints
 from agents_adapter.proxy.dispatch import Dispatcher, EngineSampling, now_ms
 from agents_adapter.proxy.openai_models import (
     ChatCompletionRequest,
@@ -93,6 +94,7 @@ class AdapterService:
         self.dispatcher = dispatcher
         self.recorder = recorder
         self.tito = TitoBuilder(codec, config.calls_cached_per_session)
+        self.constraints = Constraints(codec)
         self.book = SessionBook(config, self.tito, routing, recorder)
         self._requests = KeyedLocks()  # (session, idempotency key): a retry waits for its first try
         self.context_tokens = config.context_tokens()
@@ -120,11 +122,13 @@ class AdapterService:
         messages = [m.for_template() for m in req.messages]
         use_tools = bool(req.tools) and req.tool_choice != "none"
         tools = [t.model_dump(exclude_none=True) for t in req.tools or ()] if use_tools else None
+        grammar = self.constraints.grammar(tools, req.tool_choice, req.parallel_tool_calls, req.response_format)
+        sampling = dataclasses.replace(self._sampling(req), json_schema=grammar.json_schema, ebnf=grammar.ebnf)
         async with self._request(ctx) as state:
             prompt = await _built(ctx.body_bytes, lambda: self.tito.chat_prompt(state, messages, tools))
             max_new = self._budget(len(prompt.ids), req.max_new(), "max_tokens")
             prompts, replies = await self._serve(
-                ctx, state, [prompt] * req.n, [max_new] * req.n, self._sampling(req), req.n, req.model,
+                ctx, state, [prompt] * req.n, [max_new] * req.n, sampling, req.n, req.model,
                 lambda call_id, call: finish_reply(self.codec, call_id, call, stops=req.stop_list(),
                                                    stop_token_ids=(), parse_tools=tools is not None),
                 lambda _, p, r: {"kind": "chat", "key": self.tito.chat_key(p, r.message()).hex()},
@@ -165,6 +169,9 @@ class AdapterService:
     async def generate(self, ctx: CallContext, req: TokenGenerateRequest) -> Served:
         self.check_model(req.model)
         params = req.sampling_params
+        if params.structural_tag is not None or params.grammar_prefix_tokens:
+            raise unsupported("sampling_params", "structural_tag and grammar_prefix_tokens are not served here: "
+                                                 "send the grammar as json_schema, regex or ebnf")
         async with self._request(ctx) as state:
             prompt = self.tito.token_prompt(state, req.input_ids)
             max_new = self._budget(len(prompt.ids), params.max_new_tokens, "sampling_params.max_new_tokens",
@@ -175,6 +182,7 @@ class AdapterService:
                 top_k=-1 if params.top_k is None else params.top_k,
                 seed=params.sampling_seed if params.sampling_seed is not None else params.seed,
                 stop_token_ids=tuple(params.stop_token_ids or ()), ignore_eos=params.ignore_eos,
+                json_schema=params.json_schema, regex=params.regex, ebnf=params.ebnf,
             )
             prompts, replies = await self._serve(
                 ctx, state, [prompt], [max_new], sampling, 1, req.model or self.config.model_name,

@@ -20,6 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, m
 
 from schemas.inference.types import MAX_WEIGHT_VERSION, GenerationResult, SamplingOptions
 
+GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf", "structural_tag")
+
 
 class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
@@ -42,6 +44,14 @@ class SamplingParams(_Request):
     seed: StrictInt | None = Field(default=None, description="alias of sampling_seed")
     skip_special_tokens: bool = True
     n: StrictInt = Field(default=1, ge=1, le=1, description="one sample per request (send n requests)")
+    json_schema: str | None = Field(default=None, description="constrain the output to this JSON Schema")
+    regex: str | None = Field(default=None, description="constrain the output to this regular expression")
+    ebnf: str | None = Field(default=None, description="constrain the output to this grammar (Lark or GBNF)")
+    structural_tag: str | None = Field(default=None, description="SGLang's structural tag (not on the native engine)")
+    grammar_prefix_tokens: StrictInt | None = Field(
+        default=None, ge=0,
+        description="our extension: the last N input_ids were already generated under the grammar (a resumed call)",
+    )
 
     @field_validator("top_k")
     @classmethod
@@ -54,6 +64,11 @@ class SamplingParams(_Request):
     def _one_seed(self) -> SamplingParams:
         if self.seed is not None and self.sampling_seed is not None and self.seed != self.sampling_seed:
             raise ValueError(f"seed={self.seed} and sampling_seed={self.sampling_seed} disagree: send one")
+        given = [name for name in GRAMMAR_FIELDS if getattr(self, name) is not None]
+        if len(given) > 1:
+            raise ValueError(f"{' and '.join(given)} are both set: give at most one grammar")
+        if self.grammar_prefix_tokens and not given:
+            raise ValueError("grammar_prefix_tokens is set without a grammar")
         return self
 
     def to_options(self) -> SamplingOptions:
@@ -65,6 +80,11 @@ class SamplingParams(_Request):
             stop_token_ids=tuple(self.stop_token_ids or ()),
             ignore_eos=self.ignore_eos,
             seed=self.sampling_seed if self.sampling_seed is not None else self.seed,
+            json_schema=self.json_schema,
+            regex=self.regex,
+            ebnf=self.ebnf,
+            structural_tag=self.structural_tag,
+            grammar_prefix_tokens=self.grammar_prefix_tokens or 0,
         )
 
 

@@ -28,6 +28,16 @@ class SamplingOptions:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     seed: int | None = None
+    # Constrained decoding (SGLang's fields; at most one is set): see inference_svc.grammar
+    json_schema: str | None = None
+    regex: str | None = None
+    ebnf: str | None = None
+    structural_tag: str | None = None
+    grammar_prefix_tokens: int = 0  # our extension: the last N prompt tokens were generated under the grammar
+
+    @property
+    def constrained(self) -> bool:
+        return any(g is not None for g in (self.json_schema, self.regex, self.ebnf, self.structural_tag))
 
 
 @dataclass(frozen=True)

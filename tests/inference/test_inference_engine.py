@@ -55,6 +55,20 @@ def test_batched_extend_matches_full_forward(reference_models: dict[int, torch.n
         assert torch.allclose(logits[1], model(torch.tensor([[*seqs[0][:3], 4]])).logits[0, -1], atol=1e-4)
 
 
+def test_one_row_prefill_from_position_zero_matches_full_forward(reference_models: dict[int, torch.nn.Module]) -> None:
+    """The unmasked (plain causal) prefill path, then decode steps over the KV it wrote."""
+    model = reference_models[0]
+    cache = SlotKVCache(model_shape(model), 2, 8, 512, torch.float32, torch.device("cpu"))
+    runner = BatchRunner(model, cache)
+    seq = [(7 * i) % 250 for i in range(300)]
+    with torch.no_grad():
+        logits = runner.extend([1], [0], [seq[:297]])
+        assert torch.allclose(logits[0], model(torch.tensor([seq[:297]])).logits[0, -1], atol=1e-4)
+        for pos in range(297, 300):
+            logits = runner.extend([1], [pos], [[seq[pos]]])
+            assert torch.allclose(logits[0], model(torch.tensor([seq[: pos + 1]])).logits[0, -1], atol=1e-4)
+
+
 def test_incremental_decode_logprobs_equal_full_forward(
     engine: NativeEngine, reference_models: dict[int, torch.nn.Module], full_forward_logprobs: ForwardFn
 ) -> None:
