@@ -1,0 +1,344 @@
+"""Long-horizon sessions through the data plane: what a call costs as its session's context grows to 64K tokens.
+
+Starts, on 127.0.0.1 free ports: a one-broker Kafka (KRaft), an edge-fake engine (below) and the capture proxy
+(`python -m agents_adapter.proxy`) over a default model written with a 128K-token context
+(`max_position_embeddings`, which is where the proxy reads the model's context limit from; `--max-prompt-tokens`
+is raised to match). Then `--sessions` agent sessions run in lockstep through the proxy's
+`/v1/chat/completions`: each turn appends a tool output (a user message of 100-700 tokens, one turn in twelve
+1,000-3,000) and the previous reply, so every session grows from ~1K to 64K tokens over 100+ calls. All sessions
+draw the same lengths (their text differs), so every round's calls have one context size and the proxy's CPU over
+a round, divided by its calls, is the per-call CPU at that size.
+
+The engine is an EDGE FAKE: a `/generate` server answering every request with the same `--output` tokens at any
+context (no model runs; the data plane is what is measured, not inference). The trajectory processor is its
+core (`agents_adapter.processor.session_stage.SessionStage` over a dict table, as the Faust worker drives it,
+without Faust) in a thread of this process, reading `llm.calls` from Kafka with `bus.consumer.EventConsumer`:
+its CPU per call is that thread's CPU for the call's poll + decode + merge + table delta.
+
+Printed against context size (1K, 4K, 16K, 32K, 64K: the rounds whose context is nearest each): proxy CPU per
+call (all its threads, `/proc` schedstat as bench/adapter_bench.py reads it), bytes per call on `llm.calls` (the
+record's value), processor CPU per call, time from the call's reply to the processor's tree holding it; then per
+session: bytes on `llm.calls`, on disk (the broker's log segments, lz4-compressed by the producer), the final
+context's ids, the proxy's memory per open session (RSS growth / sessions) and the processor's (its trees' arrays).
+
+    .venv/bin/python bench/long_horizon.py [--sessions 4] [--context 65536]
+
+Final lines: `ratio per-call proxy CPU at 64K / at 1K: N.NNx`, `ratio log bytes / final context bytes per
+session: N.NNx`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from adapter_bench import process_cpu_ms, start, wait_http  # noqa: E402  (bench/, the script's directory)
+
+from agents_adapter.processor.config import ProcessorConfig  # noqa: E402
+from agents_adapter.processor.session_stage import SessionStage  # noqa: E402
+from bus.admin import ensure_topics  # noqa: E402
+from bus.config import BusConfig  # noqa: E402
+from bus.consumer import EventConsumer, unique_group  # noqa: E402
+from bus.ports import free_port  # noqa: E402
+from inference_svc.default_model import DefaultModelSpec, create_default_model  # noqa: E402
+from infra.kafka.cluster import KafkaCluster, free_base_port  # noqa: E402
+from infra.launcher import stop_on_sigterm  # noqa: E402
+from schemas.events import LLMCall  # noqa: E402
+
+KEY = "bench-key"
+POINTS = (1024, 4096, 16384, 32768, 65536)
+WORDS = ("ls", "src/", "def", "class", "return", "import", "error:", "line", "42", "test", "passed", "failed",
+         "self", "None", "=", "(", ")", "ok", "file", "diff")
+
+
+# ---- the edge-fake engine: a raw ASGI app (as bench/proxy_floor.py's) answering a fixed output ----
+
+class FixedOutputEngine:
+    """`/generate` answers `output_ids` (finish `length`) whatever the prompt; anything else answers `{}`."""
+
+    def __init__(self, output_ids: list[int]) -> None:
+        self.answer = json.dumps({"text": "", "output_ids": output_ids, "meta_info": {
+            "id": "fake", "finish_reason": {"type": "length", "length": len(output_ids)},
+            "completion_tokens": len(output_ids), "weight_version": "0",
+            "output_token_logprobs": [[-0.5, t, None] for t in output_ids],
+            "output_token_versions": [0] * len(output_ids)}}).encode()
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        while (await receive()).get("more_body"):
+            pass
+        payload = self.answer if scope["path"] == "/generate" else b"{}"
+        await send({"type": "http.response.start", "status": 200, "headers": [
+            (b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]})
+        await send({"type": "http.response.body", "body": payload})
+
+
+def serve_engine(port: int, output_ids: list[int]) -> None:
+    import uvicorn
+    uvicorn.run(FixedOutputEngine(output_ids), host="127.0.0.1", port=port, log_level="warning")
+
+
+# ---- the processor core in a thread, reading llm.calls ----
+
+@dataclass
+class ProcessorProbe:
+    """What the processor thread saw of each call: its record's bytes, its CPU, when its tree held it."""
+
+    bytes_of: dict[str, int] = field(default_factory=dict)
+    cpu_ms_of: dict[str, float] = field(default_factory=dict)
+    held_at: dict[str, float] = field(default_factory=dict)
+    session_bytes: defaultdict[str, int] = field(default_factory=lambda: defaultdict(int))
+    dead_letters: list[str] = field(default_factory=list)
+    stage: SessionStage | None = None
+    stop: threading.Event = field(default_factory=threading.Event)
+    ready: threading.Event = field(default_factory=threading.Event)  # the consumer has its partitions
+
+    def run(self, bus: BusConfig) -> None:
+        config = ProcessorConfig(bus=bus)
+        stage = SessionStage(config, {}, _no_publish, config.ticks_topic)
+        self.stage = stage
+        consumer = EventConsumer(bus, unique_group("long-horizon"), ["llm.calls"], **{"auto.offset.reset": "earliest"})
+        loop = asyncio.new_event_loop()
+        try:
+            while not self.stop.is_set():
+                cpu = time.thread_time()
+                got = consumer.poll(0.2, max_messages=1)
+                if consumer.assigned():
+                    self.ready.set()
+                for r in got:
+                    why = loop.run_until_complete(stage.on_input(r.partition, r.topic, r.event))
+                    call = r.event
+                    assert isinstance(call, LLMCall)
+                    self.cpu_ms_of[call.call_id] = (time.thread_time() - cpu) * 1000
+                    self.held_at[call.call_id] = time.time()
+                    self.bytes_of[call.call_id] = len(r.raw)
+                    self.session_bytes[call.session_id] += len(r.raw)
+                    if why:
+                        self.dead_letters.append(why)
+        finally:
+            consumer.close()
+            loop.close()
+
+    def tree_bytes(self) -> list[int]:
+        """Bytes of each open session's tree arrays (ids, mask, logprobs, versions of every node)."""
+        assert self.stage is not None
+        out = []
+        for part in self.stage._partitions.values():  # noqa: SLF001  (a bench reading the stage's state)
+            for sid in list(part.assembler._sessions):  # noqa: SLF001
+                tree = part.assembler.tree(sid)
+                assert tree is not None
+                out.append(sum(n.tokens.nbytes + n.mask.nbytes + n.logprobs.nbytes + n.versions.nbytes
+                               for n in tree._ordered()))  # noqa: SLF001
+        return out
+
+
+async def _no_publish(_: object) -> None:
+    """Sessions are never closed here (no SessionEnded is sent), so nothing is published."""
+
+
+# ---- the agent side ----
+
+def tool_lengths(rng: random.Random, context: int, output: int) -> list[int]:
+    """Tool-output lengths (tokens) of the turns that take a session from ~1K to `context` tokens."""
+    lengths, total = [], 900
+    while True:
+        n = rng.randint(1_000, 3_000) if rng.random() < 1 / 12 else rng.randint(100, 700)
+        if total + n + output + 32 > context - output - 64:
+            return lengths
+        lengths.append(n)
+        total += n + output + 32
+
+
+def tool_text(rng: random.Random, tokens: int) -> str:
+    """About `tokens` tokens of tool output (the default model's tokenizer is one token per byte)."""
+    words: list[str] = []
+    size = 0
+    while size < tokens:
+        w = rng.choice(WORDS)
+        words.append(w)
+        size += len(w) + 1
+    return " ".join(words)[:tokens]
+
+
+@dataclass
+class Round:
+    context: int  # prompt tokens of this round's calls
+    proxy_cpu_ms: float
+    call_ids: list[str]
+    replied_at: dict[str, float]
+
+
+async def run_sessions(args: argparse.Namespace, proxy_url: str, model: str, proxy: psutil.Process,
+                       output: int) -> tuple[list[Round], dict[str, int], int]:
+    """Lockstep rounds of all sessions; the rounds, each session's final context (tokens) and the proxy's RSS
+    growth (bytes) from before the first call to after the last."""
+    lengths = tool_lengths(random.Random(args.seed), args.context, output)
+    rngs = [random.Random(args.seed * 1000 + i) for i in range(args.sessions)]
+    histories: list[list[dict[str, Any]]] = [[
+        {"role": "system", "content": "You are a software engineering agent. " + tool_text(rng, 800)}]
+        for rng in rngs]
+    rounds: list[Round] = []
+    final_context: dict[str, int] = {}
+    async with httpx.AsyncClient(timeout=600.0) as http:
+
+        async def call(i: int, tokens: int) -> tuple[str, int, float]:
+            histories[i].append({"role": "user", "content": tool_text(rngs[i], tokens)})
+            body = {"model": model, "messages": histories[i], "max_tokens": output, "temperature": 1.0}
+            response = await http.post(f"{proxy_url}/v1/chat/completions", json=body, headers={
+                "Authorization": f"Bearer {KEY}", "X-Session-Id": f"lh-{args.seed}-{i}"})
+            replied = time.time()
+            if response.status_code != 200:
+                raise SystemExit(f"HTTP {response.status_code}: {response.text[:300]}")
+            answer = response.json()
+            histories[i].append({"role": "assistant", "content": answer["choices"][0]["message"]["content"]})
+            final_context[f"lh-{args.seed}-{i}"] = answer["usage"]["prompt_tokens"] + answer["usage"]["completion_tokens"]
+            return answer["sflow"]["call_ids"][0], answer["usage"]["prompt_tokens"], replied
+
+        await call_warm(http, proxy_url, model, output)
+        rss_before = proxy.memory_info().rss
+        for tokens in [200, *lengths]:
+            before = process_cpu_ms(proxy)
+            done = await asyncio.gather(*(call(i, tokens) for i in range(args.sessions)))
+            cpu = process_cpu_ms(proxy) - before
+            rounds.append(Round(done[0][1], cpu / len(done), [c for c, _, _ in done], {c: t for c, _, t in done}))
+        rss_growth = proxy.memory_info().rss - rss_before
+    return rounds, final_context, rss_growth
+
+
+async def call_warm(http: httpx.AsyncClient, proxy_url: str, model: str, output: int) -> None:
+    """Two calls of a short session first: connections, the engine client and the producer are warm."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "warm up"}]
+    for _ in range(2):
+        response = await http.post(f"{proxy_url}/v1/chat/completions", headers={
+            "Authorization": f"Bearer {KEY}", "X-Session-Id": "warm"},
+            json={"model": model, "messages": messages, "max_tokens": output})
+        messages += [{"role": "assistant", "content": response.json()["choices"][0]["message"]["content"]},
+                     {"role": "user", "content": "again"}]
+
+
+def log_bytes_on_disk(kafka_root: Path, topic: str) -> int:
+    """Bytes of the topic's log segments on the broker (what the producer's lz4 batches take on disk)."""
+    return sum(f.stat().st_size for d in kafka_root.rglob(f"{topic}-*") if d.is_dir() for f in d.glob("*.log"))
+
+
+def nearest_rounds(rounds: list[Round], point: int, width: int = 3) -> list[Round]:
+    """The `width` rounds whose context is nearest `point` tokens."""
+    return sorted(rounds, key=lambda r: abs(r.context - point))[:width]
+
+
+def report(rounds: list[Round], probe: ProcessorProbe, final_context: dict[str, int], disk_bytes: int,
+           proxy_rss_growth: int, sessions: int) -> None:
+    print(f"engine: EDGE FAKE (a fixed output at any context); measured: proxy, Kafka, processor core\n"
+          f"{sessions} sessions x {len(rounds)} calls, lockstep\n")
+    print(f"{'context':>8}{'rounds':>7}{'proxy CPU ms/call':>19}{'llm.calls B/call':>18}{'processor CPU ms/call':>23}"
+          f"{'reply->tree ms p50':>20}")
+    per_point: dict[int, tuple[float, float]] = {}
+    for point in POINTS:
+        near = nearest_rounds(rounds, point)
+        ids = [c for r in near for c in r.call_ids]
+        proxy_ms = statistics.fmean(r.proxy_cpu_ms for r in near)
+        proc_ms = statistics.fmean(probe.cpu_ms_of[c] for c in ids)
+        lag = statistics.median((probe.held_at[c] - r.replied_at[c]) * 1000 for r in near for c in r.call_ids)
+        size = statistics.fmean(probe.bytes_of[c] for c in ids)
+        per_point[point] = (proxy_ms, proc_ms)
+        ctx = statistics.fmean(r.context for r in near)
+        print(f"{ctx:>8.0f}{len(near):>7}{proxy_ms:>19.2f}{size:>18.0f}{proc_ms:>23.2f}{lag:>20.1f}")
+    log_total = sum(probe.session_bytes.values())
+    final_bytes = sum(final_context.values()) * 4
+    trees = probe.tree_bytes()
+    print(f"\nper session: {log_total / sessions / 1e6:.2f} MB on llm.calls, {disk_bytes / sessions / 1e6:.2f} MB on "
+          f"disk (lz4), final context {final_bytes / sessions / 1e3:.0f} KB of ids "
+          f"({statistics.fmean(final_context.values()):.0f} tokens)")
+    print(f"memory per open session: proxy {proxy_rss_growth / sessions / 2**20:.2f} MiB (RSS growth / sessions), "
+          f"processor {statistics.fmean(trees) / 2**20:.2f} MiB (tree arrays)")
+    print(f"dead letters: {len(probe.dead_letters)}")
+    print(f"ratio per-call processor CPU at 64K / at 1K: {per_point[65536][1] / per_point[1024][1]:.2f}x")
+    print(f"ratio per-call proxy CPU at 64K / at 1K: {per_point[65536][0] / per_point[1024][0]:.2f}x")
+    print(f"ratio log bytes / final context bytes per session: {log_total / final_bytes:.2f}x")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--sessions", type=int, default=4)
+    parser.add_argument("--context", type=int, default=65536, help="tokens each session grows to")
+    parser.add_argument("--output", type=int, default=64, help="tokens the fake engine answers per call")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--serve-engine", type=int, default=0, help=argparse.SUPPRESS)  # the fake engine's process
+    parser.add_argument("--output-ids", default="", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve_engine:
+        serve_engine(args.serve_engine, [int(t) for t in args.output_ids.split(",")])
+        return
+    work = Path(tempfile.mkdtemp(prefix="long-horizon-"))
+    stop_on_sigterm()
+    cluster = KafkaCluster(work / "kafka", nodes=1, base_port=free_base_port())
+    procs: list[subprocess.Popen[bytes]] = []
+    probe = ProcessorProbe()
+    try:
+        cluster.start()
+        bus = BusConfig(bootstrap_servers=cluster.bootstrap_servers, topic_prefix=f"lh{os.getpid()}.")
+        ensure_topics(bus)
+        model = create_default_model(work / "model", DefaultModelSpec(max_position_embeddings=2 * args.context))
+        from agents_adapter.proxy.chat_codec import ChatCodec
+        output_ids = ChatCodec.from_model_dir(model).encode(tool_text(random.Random(0), args.output))
+        engine_port, proxy_port = free_port(), free_port()
+        procs.append(start(["bench/long_horizon.py", "--serve-engine", str(engine_port), "--output-ids",
+                            ",".join(map(str, output_ids))], {}, work / "engine.log"))
+        procs.append(start(["-m", "agents_adapter.proxy", "--model-path", str(model), "--port", str(proxy_port),
+                            "--endpoint", f"rollout-0=http://127.0.0.1:{engine_port}", "--no-routing-from-events",
+                            "--bootstrap-servers", cluster.bootstrap_servers, "--topic-prefix", bus.topic_prefix,
+                            "--max-prompt-tokens", str(args.context + 1024), "--log-level", "warning"],
+                           {"SFLOW_ADAPTER_API_KEYS": f"bench={KEY}", "OMP_NUM_THREADS": "1"}, work / "proxy.log"))
+        wait_http(f"http://127.0.0.1:{engine_port}/health", procs[0], work / "engine.log")
+        wait_http(f"http://127.0.0.1:{proxy_port}/health", procs[1], work / "proxy.log")
+        thread = threading.Thread(target=probe.run, args=(bus,), daemon=True)
+        thread.start()
+        if not probe.ready.wait(60):
+            raise SystemExit("the processor's consumer got no partitions in 60 s")
+        rounds, final_context, rss_growth = asyncio.run(run_sessions(
+            args, f"http://127.0.0.1:{proxy_port}", model.name, psutil.Process(procs[1].pid), args.output))
+        wanted = {c for r in rounds for c in r.call_ids}
+        deadline = time.monotonic() + 120
+        while not wanted <= probe.held_at.keys() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        probe.stop.set()
+        thread.join(10)
+        if not wanted <= probe.held_at.keys():
+            raise SystemExit(f"the processor saw {len(wanted & probe.held_at.keys())} of {len(wanted)} calls")
+        report(rounds, probe, final_context, log_bytes_on_disk(work / "kafka", bus.topic("llm.calls")), rss_growth,
+               args.sessions)
+    finally:
+        probe.stop.set()
+        for proc in procs:
+            proc.terminate()
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        cluster.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
