@@ -118,7 +118,7 @@ class ProcessorProbe:
         config = ProcessorConfig(bus=bus)
         stage = SessionStage(config, {}, _no_publish, config.ticks_topic)
         self.stage = stage
-        consumer = EventConsumer(bus, unique_group("long-horizon"), ["llm.calls"], **{"auto.offset.reset": "earliest"})
+        consumer = EventConsumer(bus, unique_group("long-horizon"), ["llm.calls"])
         loop = asyncio.new_event_loop()
         try:
             while not self.stop.is_set():
@@ -144,12 +144,12 @@ class ProcessorProbe:
         """Bytes of each open session's tree arrays (ids, mask, logprobs, versions of every node)."""
         assert self.stage is not None
         out = []
-        for part in self.stage._partitions.values():  # noqa: SLF001  (a bench reading the stage's state)
-            for sid in list(part.assembler._sessions):  # noqa: SLF001
+        for part in self.stage._partitions.values():
+            for sid in list(part.assembler._sessions):
                 tree = part.assembler.tree(sid)
                 assert tree is not None
                 out.append(sum(n.tokens.nbytes + n.mask.nbytes + n.logprobs.nbytes + n.versions.nbytes
-                               for n in tree._ordered()))  # noqa: SLF001
+                               for n in tree._ordered()))
         return out
 
 
@@ -161,7 +161,8 @@ async def _no_publish(_: object) -> None:
 
 def tool_lengths(rng: random.Random, context: int, output: int) -> list[int]:
     """Tool-output lengths (tokens) of the turns that take a session from ~1K to `context` tokens."""
-    lengths, total = [], 900
+    lengths: list[int] = []
+    total = 900
     while True:
         n = rng.randint(1_000, 3_000) if rng.random() < 1 / 12 else rng.randint(100, 700)
         if total + n + output + 32 > context - output - 64:
@@ -212,7 +213,8 @@ async def run_sessions(args: argparse.Namespace, proxy_url: str, model: str, pro
                 raise SystemExit(f"HTTP {response.status_code}: {response.text[:300]}")
             answer = response.json()
             histories[i].append({"role": "assistant", "content": answer["choices"][0]["message"]["content"]})
-            final_context[f"lh-{args.seed}-{i}"] = answer["usage"]["prompt_tokens"] + answer["usage"]["completion_tokens"]
+            usage = answer["usage"]
+            final_context[f"lh-{args.seed}-{i}"] = usage["prompt_tokens"] + usage["completion_tokens"]
             return answer["sflow"]["call_ids"][0], answer["usage"]["prompt_tokens"], replied
 
         await call_warm(http, proxy_url, model, output)
