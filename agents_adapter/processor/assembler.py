@@ -41,7 +41,14 @@ import logging
 from dataclasses import dataclass
 from typing import Final
 
-from agents_adapter.errors import ConfigError, DeltaError, LateCallError, RejectedCallError
+from agents_adapter.errors import (
+    ConfigError,
+    DeltaError,
+    LateCallError,
+    RejectedCallError,
+    UnknownCallError,
+    UnresolvedCallError,
+)
 from agents_adapter.processor.group_tracker import GroupTracker
 from agents_adapter.processor.prefix_tree import PrefixTree
 from agents_adapter.processor.session_records import CloseMarker, SessionDelta, call_digest, trajectory_event_id
@@ -54,6 +61,7 @@ from schemas.events import (
     SessionStatus,
     Trajectory,
 )
+from schemas.prompt_refs import UnresolvedPromptError, resolved
 
 logger = logging.getLogger(__name__)
 
@@ -219,7 +227,7 @@ class TrajectoryAssembler:
         is_new = call.session_id not in self._sessions
         session = self._session(call.session_id, call.ts_ms)
         try:
-            tree_delta = session.tree.insert(call)
+            tree_delta = session.tree.insert(self._resolved(session.tree, call))
         except RejectedCallError:
             self.stats.rejected_calls += 1
             if is_new:
@@ -234,6 +242,20 @@ class TrajectoryAssembler:
             out += self._close(session, session.ended.status, session.ended.reward,
                                max(session.ended.ts_ms, session.last_ts_ms))
         return out
+
+    @staticmethod
+    def _resolved(tree: PrefixTree, call: LLMCall) -> LLMCall:
+        """The call in full form: a prompt recorded by reference takes its first ids from the base call in the
+        session's tree (`schemas.prompt_refs`); a base the tree does not hold rejects the call."""
+        if not call.by_reference:
+            return call
+        try:
+            return resolved(call, tree.ids_of(call.prompt_base_call_id).tobytes())
+        except UnknownCallError:
+            raise UnresolvedCallError(f"call {call.call_id!r} refers to call {call.prompt_base_call_id!r}, which "
+                                      f"session {call.session_id!r} does not hold") from None
+        except UnresolvedPromptError as e:
+            raise UnresolvedCallError(str(e)) from None
 
     def _on_call_after_close(self, call: LLMCall, marker: CloseMarker) -> Emitted:
         if marker.call_digests is not None and call_digest(call.call_id) in marker.call_digests:

@@ -311,6 +311,19 @@ class PrefixTree(TreeStore):
             raise UnknownCallError(call_id) from None
         return self._path_to(self._root if record.end_node == ROOT else self._nodes[record.end_node])
 
+    def ids_of(self, call_id: str) -> IntArray:
+        """The call's prompt+output ids (what a call recorded by reference to it takes its first ids from)."""
+        try:
+            record = self._calls[call_id]
+        except KeyError:
+            raise UnknownCallError(call_id) from None
+        chain: list[IntArray] = []
+        node = None if record.end_node == ROOT else self._nodes[record.end_node]
+        while node is not None and node is not self._root:
+            chain.append(node.tokens)
+            node = node.parent
+        return np.concatenate(chain[::-1]) if chain else EMPTY_I32.copy()
+
     def _path_to(self, last: TreeNode) -> TreePath:
         chain: list[TreeNode] = []
         node: TreeNode | None = last

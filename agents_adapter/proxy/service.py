@@ -44,9 +44,23 @@ from agents_adapter.proxy.session_cache import SessionState
 from agents_adapter.proxy.session_store import StoredCall
 from agents_adapter.proxy.stitching import StitchedCall
 from agents_adapter.proxy.tito import BuiltPrompt, TitoBuilder, drift_classes_by_agent, new_call_id
-from schemas.events import Event, LLMCall
+from schemas.events import Event, LLMCall, encode_event
+from schemas.prompt_refs import by_reference
 
 logger = logging.getLogger(__name__)
+
+
+def on_the_wire(events: Sequence[Event], stored: Sequence[bytes], prompts: Sequence[BuiltPrompt]) -> list[bytes]:
+    """What `llm.calls` gets: a call whose prompt extends its parent's prompt+output by reference to it
+    (`schemas.prompt_refs`), any other event as stored. The store keeps the full form: what it restores (a
+    session's prompt cache, a retried request's answer) needs no resolution, and a republished event is valid."""
+    calls = len(prompts)
+    out = list(stored[:len(stored) - calls])
+    for event, value, prompt in zip(events[len(events) - calls:], stored[len(stored) - calls:], prompts, strict=True):
+        if isinstance(event, LLMCall) and prompt.parent_call_id and 0 < prompt.reused_tokens <= event.prompt_len:
+            value = encode_event(by_reference(event, prompt.parent_call_id, prompt.reused_tokens))
+        out.append(value)
+    return out
 
 
 @dataclass(frozen=True)
@@ -321,7 +335,7 @@ class AdapterService:
                 self._unserved(state, first_turn, len(replies), drifted)
                 raise
             try:
-                await self.recorder.record(events, encoded)
+                await self.recorder.record(events, on_the_wire(events, encoded, prompts))
             except BaseException:
                 self._unserved(state, first_turn, len(replies), drifted)
                 self.book.store.abandon_calls(state, key)
