@@ -105,12 +105,15 @@ def tail(
     from bus.kit import run_until_signalled
     from bus.topics import spec
     from infra import stack
+    from schemas.events import LLMCall
+    from schemas.prompt_refs import PromptResolver, UnresolvedPromptError
 
     spec(topic)
     config = stack.bus_config("sflow-tail")
     offset_reset = "earliest" if from_beginning else "latest"
     settings: dict[str, Any] = {"auto.offset.reset": offset_reset}
     consumer = EventConsumer(config, unique_group("sflow-tail"), [topic], **settings)
+    prompts = PromptResolver()
     shown = 0
     last = time.monotonic()
 
@@ -119,8 +122,14 @@ def tail(
             nonlocal shown
             if limit and shown >= limit:
                 return  # the rest of the batch that reached the limit
-            if matches(r.event, session, resource, event_type):
-                print(json.dumps({"offset": f"{r.partition}:{r.offset}", **describe(r.event)}), flush=True)
+            event, note = r.event, {}
+            if isinstance(event, LLMCall):  # a prompt recorded by reference is shown whole when it can be
+                try:
+                    event = prompts.resolve(event)
+                except UnresolvedPromptError as e:
+                    note = {"unresolved": str(e)}
+            if matches(event, session, resource, event_type):
+                print(json.dumps({"offset": f"{r.partition}:{r.offset}", **describe(event), **note}), flush=True)
                 shown += 1
                 if limit and shown >= limit:
                     stop.set()

@@ -20,7 +20,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from schemas.errors import SchemaError
 from schemas.packed import Int32s
@@ -121,3 +124,21 @@ class PromptResolver:
 
     def forget(self, session_id: str) -> None:
         self._sessions.pop(session_id, None)
+
+
+def reference_form(call: LLMCall, earlier: Sequence[LLMCall]) -> LLMCall:
+    """`call` (full form) by reference to the one of `earlier` (full form, same session) whose prompt+output
+    shares the longest prefix with its prompt: an extension takes all of that call's ids, a fork (an agent that
+    rewrote its history) those up to the fork point. In full form when none shares a first id. The proxy does
+    not need this search (token-in/token-out knows the parent); a writer that does not know it (a recorded
+    session converted, an agent library recording its own calls) does."""
+    prompt = np.asarray(call.prompt_ids)
+    best_id, best_len = "", 0
+    for base in earlier:
+        ids = np.concatenate((np.asarray(base.prompt_ids), np.asarray(base.output_ids)))
+        n = min(len(ids), len(prompt))
+        differ = np.flatnonzero(ids[:n] != prompt[:n])
+        shared = int(differ[0]) if len(differ) else n
+        if shared > best_len:
+            best_id, best_len = base.call_id, shared
+    return by_reference(call, best_id, best_len) if best_len else call
