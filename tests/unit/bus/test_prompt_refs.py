@@ -26,7 +26,7 @@ def growing(n: int, session_id: str = "s1") -> list[LLMCall]:
     calls, history = [], [1, 2, 3]
     for turn in range(n):
         calls.append(make_call(f"{session_id}-c{turn}", history, [10 + turn, 11], session_id=session_id, turn=turn))
-        history = history + [10 + turn, 11, 20 + turn]
+        history = [*history, 10 + turn, 11, 20 + turn]
     return calls
 
 
@@ -55,13 +55,13 @@ def test_an_extension_carries_only_what_it_adds_and_the_chain_shares_one_buffer(
     resolver = PromptResolver(calls_per_session=64)
     for call in recorded:
         resolver.resolve(call)
-    held = resolver._sessions["s1"]  # noqa: SLF001  (the sharing is the point of the test)
+    held = resolver._sessions["s1"]
     assert len({id(h.buffer) for h in held.values()}) == 1
 
 
 def test_a_fork_is_recorded_from_its_fork_point() -> None:
     calls = growing(5)
-    rewritten = make_call("s1-r", list(calls[3].prompt_ids[:7]) + [99, 98], [5], turn=5)
+    rewritten = make_call("s1-r", [*list(calls[3].prompt_ids[:7]), 99, 98], [5], turn=5)
     call = reference_form(rewritten, calls)
     assert call.prompt_base_len == 7 and list(call.prompt_ids) == [99, 98]
     assert PromptResolver().resolve(calls[0]) == calls[0]
@@ -73,7 +73,7 @@ def test_a_fork_is_recorded_from_its_fork_point() -> None:
 
 def test_a_reference_the_reader_cannot_resolve_is_an_error_naming_both_calls() -> None:
     recorded = as_recorded(growing(4))
-    with pytest.raises(UnresolvedPromptError, match="s1-c2.*s1-c1"):
+    with pytest.raises(UnresolvedPromptError, match=r"s1-c2.*s1-c1"):
         PromptResolver().resolve(recorded[2])  # a read starting mid-session
     small = PromptResolver(calls_per_session=1)
     small.resolve(recorded[0])
