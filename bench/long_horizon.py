@@ -35,6 +35,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -52,7 +53,7 @@ import psutil
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from adapter_bench import process_cpu_ms, start, wait_http  # noqa: E402  (bench/, the script's directory)
+from adapter_bench import PROFILED_PROXY, print_profile, process_cpu_ms, start, wait_http  # noqa: E402  (bench/, the script's directory)
 
 from agents_adapter.processor.config import ProcessorConfig  # noqa: E402
 from agents_adapter.processor.session_stage import SessionStage  # noqa: E402
@@ -219,12 +220,16 @@ async def run_sessions(args: argparse.Namespace, proxy_url: str, model: str, pro
 
         await call_warm(http, proxy_url, model, output)
         rss_before = proxy.memory_info().rss
-        for tokens in [200, *lengths]:
+        for k, tokens in enumerate([200, *lengths]):
+            if args.profile and k == len(lengths) - 9:
+                proxy.send_signal(signal.SIGUSR2)
             before = process_cpu_ms(proxy)
             done = await asyncio.gather(*(call(i, tokens) for i in range(args.sessions)))
             cpu = process_cpu_ms(proxy) - before
             rounds.append(Round(done[0][1], cpu / len(done), [c for c, _, _ in done], {c: t for c, _, t in done}))
         rss_growth = proxy.memory_info().rss - rss_before
+        if args.profile:
+            proxy.send_signal(signal.SIGUSR1)
     return rounds, final_context, rss_growth
 
 
@@ -286,6 +291,8 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=65536, help="tokens each session grows to")
     parser.add_argument("--output", type=int, default=64, help="tokens the fake engine answers per call")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="run the proxy under cProfile for the last 10 rounds and print its N costliest functions")
     parser.add_argument("--serve-engine", type=int, default=0, help=argparse.SUPPRESS)  # the fake engine's process
     parser.add_argument("--output-ids", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -307,7 +314,8 @@ def main() -> None:
         engine_port, proxy_port = free_port(), free_port()
         procs.append(start(["bench/long_horizon.py", "--serve-engine", str(engine_port), "--output-ids",
                             ",".join(map(str, output_ids))], {}, work / "engine.log"))
-        procs.append(start(["-m", "agents_adapter.proxy", "--model-path", str(model), "--port", str(proxy_port),
+        proxy_cmd = ["-c", PROFILED_PROXY, str(work / "proxy.prof")] if args.profile else ["-m", "agents_adapter.proxy"]
+        procs.append(start([*proxy_cmd, "--model-path", str(model), "--port", str(proxy_port),
                             "--endpoint", f"rollout-0=http://127.0.0.1:{engine_port}", "--no-routing-from-events",
                             "--bootstrap-servers", cluster.bootstrap_servers, "--topic-prefix", bus.topic_prefix,
                             "--max-prompt-tokens", str(args.context + 1024), "--log-level", "warning"],
@@ -328,6 +336,8 @@ def main() -> None:
         thread.join(10)
         if not wanted <= probe.held_at.keys():
             raise SystemExit(f"the processor saw {len(wanted & probe.held_at.keys())} of {len(wanted)} calls")
+        if args.profile:
+            print_profile(work / "proxy.prof", args.profile, 10 * args.sessions)
         report(rounds, probe, final_context, log_bytes_on_disk(work / "kafka", bus.topic("llm.calls")), rss_growth,
                args.sessions)
     finally:

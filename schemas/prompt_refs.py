@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -132,13 +132,21 @@ def reference_form(call: LLMCall, earlier: Sequence[LLMCall]) -> LLMCall:
     rewrote its history) those up to the fork point. In full form when none shares a first id. The proxy does
     not need this search (token-in/token-out knows the parent); a writer that does not know it (a recorded
     session converted, an agent library recording its own calls) does."""
+    best_id, best_len = longest_shared(
+        call, ((base.call_id, np.concatenate((np.asarray(base.prompt_ids), np.asarray(base.output_ids))))
+               for base in earlier))
+    return by_reference(call, best_id, best_len) if best_len else call
+
+
+def longest_shared(call: LLMCall, candidates: Iterable[tuple[str, np.ndarray]]) -> tuple[str, int]:
+    """Of (call id, prompt+output ids) candidates, the one sharing the longest prefix with `call`'s prompt, and
+    that length (('', 0) when none shares a first id)."""
     prompt = np.asarray(call.prompt_ids)
     best_id, best_len = "", 0
-    for base in earlier:
-        ids = np.concatenate((np.asarray(base.prompt_ids), np.asarray(base.output_ids)))
+    for call_id, ids in candidates:
         n = min(len(ids), len(prompt))
         differ = np.flatnonzero(ids[:n] != prompt[:n])
         shared = int(differ[0]) if len(differ) else n
         if shared > best_len:
-            best_id, best_len = base.call_id, shared
-    return by_reference(call, best_id, best_len) if best_len else call
+            best_id, best_len = call_id, shared
+    return best_id, best_len

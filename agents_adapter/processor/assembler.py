@@ -227,7 +227,8 @@ class TrajectoryAssembler:
         is_new = call.session_id not in self._sessions
         session = self._session(call.session_id, call.ts_ms)
         try:
-            tree_delta = session.tree.insert(self._resolved(session.tree, call))
+            full, extends = self._resolved(session.tree, call)
+            tree_delta = session.tree.insert(full, extends)
         except RejectedCallError:
             self.stats.rejected_calls += 1
             if is_new:
@@ -244,18 +245,21 @@ class TrajectoryAssembler:
         return out
 
     @staticmethod
-    def _resolved(tree: PrefixTree, call: LLMCall) -> LLMCall:
-        """The call in full form: a prompt recorded by reference takes its first ids from the base call in the
-        session's tree (`schemas.prompt_refs`); a base the tree does not hold rejects the call."""
+    def _resolved(tree: PrefixTree, call: LLMCall) -> tuple[LLMCall, str]:
+        """The call in full form, and the call it extends whole ('' when none): a prompt recorded by reference
+        takes its first ids from the base call in the session's tree (`schemas.prompt_refs`); a base the tree
+        does not hold rejects the call."""
         if not call.by_reference:
-            return call
+            return call, ""
         try:
-            return resolved(call, tree.ids_of(call.prompt_base_call_id).tobytes())
+            base = tree.ids_of(call.prompt_base_call_id)
+            full = resolved(call, base.tobytes())
         except UnknownCallError:
             raise UnresolvedCallError(f"call {call.call_id!r} refers to call {call.prompt_base_call_id!r}, which "
                                       f"session {call.session_id!r} does not hold") from None
         except UnresolvedPromptError as e:
             raise UnresolvedCallError(str(e)) from None
+        return full, call.prompt_base_call_id if call.prompt_base_len == len(base) else ""
 
     def _on_call_after_close(self, call: LLMCall, marker: CloseMarker) -> Emitted:
         if marker.call_digests is not None and call_digest(call.call_id) in marker.call_digests:

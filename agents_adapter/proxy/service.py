@@ -45,22 +45,34 @@ from agents_adapter.proxy.session_store import StoredCall
 from agents_adapter.proxy.stitching import StitchedCall
 from agents_adapter.proxy.tito import BuiltPrompt, TitoBuilder, drift_classes_by_agent, new_call_id
 from schemas.events import Event, LLMCall, encode_event
-from schemas.prompt_refs import by_reference
+from schemas.prompt_refs import by_reference, longest_shared
 
 logger = logging.getLogger(__name__)
 
 
-def on_the_wire(events: Sequence[Event], stored: Sequence[bytes], prompts: Sequence[BuiltPrompt]) -> list[bytes]:
-    """What `llm.calls` gets: a call whose prompt extends its parent's prompt+output by reference to it
+def on_the_wire(events: Sequence[Event], stored: Sequence[bytes], prompts: Sequence[BuiltPrompt],
+                state: SessionState) -> list[bytes]:
+    """What `llm.calls` gets: a call whose prompt begins with a recorded call's ids by reference to it
     (`schemas.prompt_refs`), any other event as stored. The store keeps the full form: what it restores (a
     session's prompt cache, a retried request's answer) needs no resolution, and a republished event is valid."""
     calls = len(prompts)
     out = list(stored[:len(stored) - calls])
     for event, value, prompt in zip(events[len(events) - calls:], stored[len(stored) - calls:], prompts, strict=True):
-        if isinstance(event, LLMCall) and prompt.parent_call_id and 0 < prompt.reused_tokens <= event.prompt_len:
-            value = encode_event(by_reference(event, prompt.parent_call_id, prompt.reused_tokens))
+        if isinstance(event, LLMCall):
+            base, shared = wire_base(event, prompt, state)
+            value = encode_event(by_reference(event, base, shared)) if shared else value
         out.append(value)
     return out
+
+
+def wire_base(call: LLMCall, prompt: BuiltPrompt, state: SessionState) -> tuple[str, int]:
+    """The recorded call whose ids begin this call's prompt, and how many: the parent, all of its prompt+output,
+    for an extension (token-in/token-out); else, for a fork (an agent that rewrote or truncated its history),
+    the call of the session's prompt cache (recorded and acknowledged calls only) sharing the longest prefix."""
+    if prompt.parent_call_id and 0 < prompt.reused_tokens <= call.prompt_len:
+        return prompt.parent_call_id, prompt.reused_tokens
+    cached = (*state.chat_calls.values(), *state.text_calls.values(), *state.token_calls.values())
+    return longest_shared(call, ((c.call_id, c.ids) for c in cached))
 
 
 @dataclass(frozen=True)
@@ -335,7 +347,7 @@ class AdapterService:
                 self._unserved(state, first_turn, len(replies), drifted)
                 raise
             try:
-                await self.recorder.record(events, on_the_wire(events, encoded, prompts))
+                await self.recorder.record(events, on_the_wire(events, encoded, prompts, state))
             except BaseException:
                 self._unserved(state, first_turn, len(replies), drifted)
                 self.book.store.abandon_calls(state, key)
