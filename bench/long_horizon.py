@@ -21,7 +21,12 @@ record's value), processor CPU per call, time from the call's reply to the proce
 session: bytes on `llm.calls`, on disk (the broker's log segments, lz4-compressed by the producer), the final
 context's ids, the proxy's memory per open session (RSS growth / sessions) and the processor's (its trees' arrays).
 
-    .venv/bin/python bench/long_horizon.py [--sessions 4] [--context 65536]
+`--rewrite-every N` then runs as many sessions again on the same tool outputs, each rewriting its history every N
+turns as `examples/context_rewriting` does (system prompt, a summary, the last two turns: one fork per rewrite),
+and prints their per-call costs beside the growing sessions' and the rewrite calls' alone. `--profile N` runs the
+proxy under cProfile for the growing sessions' last 10 rounds (bench/adapter_bench.py's).
+
+    .venv/bin/python bench/long_horizon.py [--sessions 4] [--context 65536] [--rewrite-every 10] [--profile 30]
 
 Final lines: `ratio per-call proxy CPU at 64K / at 1K: N.NNx`, `ratio log bytes / final context bytes per
 session: N.NNx`.
@@ -61,6 +66,7 @@ from bus.admin import ensure_topics  # noqa: E402
 from bus.config import BusConfig  # noqa: E402
 from bus.consumer import EventConsumer, unique_group  # noqa: E402
 from bus.ports import free_port  # noqa: E402
+from examples.context_rewriting.agent import ContextCompactor  # noqa: E402
 from inference_svc.default_model import DefaultModelSpec, create_default_model  # noqa: E402
 from infra.kafka.cluster import KafkaCluster, free_base_port  # noqa: E402
 from infra.launcher import stop_on_sigterm  # noqa: E402
@@ -189,12 +195,15 @@ class Round:
     proxy_cpu_ms: float
     call_ids: list[str]
     replied_at: dict[str, float]
+    rewrite: bool = False  # the sessions rewrote their history before this round's calls (forks)
 
 
 async def run_sessions(args: argparse.Namespace, proxy_url: str, model: str, proxy: psutil.Process,
-                       output: int) -> tuple[list[Round], dict[str, int], int]:
-    """Lockstep rounds of all sessions; the rounds, each session's final context (tokens) and the proxy's RSS
-    growth (bytes) from before the first call to after the last."""
+                       output: int, compactor: ContextCompactor | None = None,
+                       tag: str = "lh") -> tuple[list[Round], dict[str, int], int]:
+    """Lockstep rounds of all sessions (each rewriting its history with `compactor` when due); the rounds, each
+    session's final context (tokens) and the proxy's RSS growth (bytes) from before the first call to after the
+    last."""
     lengths = tool_lengths(random.Random(args.seed), args.context, output)
     rngs = [random.Random(args.seed * 1000 + i) for i in range(args.sessions)]
     histories: list[list[dict[str, Any]]] = [[
@@ -204,31 +213,34 @@ async def run_sessions(args: argparse.Namespace, proxy_url: str, model: str, pro
     final_context: dict[str, int] = {}
     async with httpx.AsyncClient(timeout=600.0) as http:
 
-        async def call(i: int, tokens: int) -> tuple[str, int, float]:
+        async def call(i: int, turn: int, tokens: int) -> tuple[str, int, float]:
+            if compactor is not None and compactor.due(turn):
+                histories[i] = compactor.rewrite(histories[i])
             histories[i].append({"role": "user", "content": tool_text(rngs[i], tokens)})
             body = {"model": model, "messages": histories[i], "max_tokens": output, "temperature": 1.0}
             response = await http.post(f"{proxy_url}/v1/chat/completions", json=body, headers={
-                "Authorization": f"Bearer {KEY}", "X-Session-Id": f"lh-{args.seed}-{i}"})
+                "Authorization": f"Bearer {KEY}", "X-Session-Id": f"{tag}-{args.seed}-{i}"})
             replied = time.time()
             if response.status_code != 200:
                 raise SystemExit(f"HTTP {response.status_code}: {response.text[:300]}")
             answer = response.json()
             histories[i].append({"role": "assistant", "content": answer["choices"][0]["message"]["content"]})
             usage = answer["usage"]
-            final_context[f"lh-{args.seed}-{i}"] = usage["prompt_tokens"] + usage["completion_tokens"]
+            final_context[f"{tag}-{args.seed}-{i}"] = usage["prompt_tokens"] + usage["completion_tokens"]
             return answer["sflow"]["call_ids"][0], answer["usage"]["prompt_tokens"], replied
 
         await call_warm(http, proxy_url, model, output)
         rss_before = proxy.memory_info().rss
         for k, tokens in enumerate([200, *lengths]):
-            if args.profile and k == len(lengths) - 9:
+            if args.profile and compactor is None and k == len(lengths) - 9:
                 proxy.send_signal(signal.SIGUSR2)
             before = process_cpu_ms(proxy)
-            done = await asyncio.gather(*(call(i, tokens) for i in range(args.sessions)))
+            done = await asyncio.gather(*(call(i, k, tokens) for i in range(args.sessions)))
             cpu = process_cpu_ms(proxy) - before
-            rounds.append(Round(done[0][1], cpu / len(done), [c for c, _, _ in done], {c: t for c, _, t in done}))
+            rounds.append(Round(done[0][1], cpu / len(done), [c for c, _, _ in done], {c: t for c, _, t in done},
+                                compactor is not None and compactor.due(k)))
         rss_growth = proxy.memory_info().rss - rss_before
-        if args.profile:
+        if args.profile and compactor is None:
             proxy.send_signal(signal.SIGUSR1)
     return rounds, final_context, rss_growth
 
@@ -244,6 +256,15 @@ async def call_warm(http: httpx.AsyncClient, proxy_url: str, model: str, output:
                      {"role": "user", "content": "again"}]
 
 
+def wait_for_processor(probe: ProcessorProbe, rounds: list[Round]) -> None:
+    wanted = {c for r in rounds for c in r.call_ids}
+    deadline = time.monotonic() + 120
+    while not wanted <= probe.held_at.keys() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if not wanted <= probe.held_at.keys():
+        raise SystemExit(f"the processor saw {len(wanted & probe.held_at.keys())} of {len(wanted)} calls")
+
+
 def log_bytes_on_disk(kafka_root: Path, topic: str) -> int:
     """Bytes of the topic's log segments on the broker (what the producer's lz4 batches take on disk)."""
     return sum(f.stat().st_size for d in kafka_root.rglob(f"{topic}-*") if d.is_dir() for f in d.glob("*.log"))
@@ -254,24 +275,26 @@ def nearest_rounds(rounds: list[Round], point: int, width: int = 3) -> list[Roun
     return sorted(rounds, key=lambda r: abs(r.context - point))[:width]
 
 
+def per_call(rounds: list[Round], probe: ProcessorProbe) -> tuple[float, float, float]:
+    """Mean proxy CPU ms, llm.calls bytes and processor CPU ms per call over `rounds`."""
+    ids = [c for r in rounds for c in r.call_ids]
+    return (statistics.fmean(r.proxy_cpu_ms for r in rounds), statistics.fmean(probe.bytes_of[c] for c in ids),
+            statistics.fmean(probe.cpu_ms_of[c] for c in ids))
+
+
 def report(rounds: list[Round], probe: ProcessorProbe, final_context: dict[str, int], disk_bytes: int,
            proxy_rss_growth: int, sessions: int) -> None:
     print(f"engine: EDGE FAKE (a fixed output at any context); measured: proxy, Kafka, processor core\n"
           f"{sessions} sessions x {len(rounds)} calls, lockstep\n")
     print(f"{'context':>8}{'rounds':>7}{'proxy CPU ms/call':>19}{'llm.calls B/call':>18}{'processor CPU ms/call':>23}"
           f"{'reply->tree ms p50':>20}")
-    per_point: dict[int, tuple[float, float]] = {}
     for point in POINTS:
         near = nearest_rounds(rounds, point)
-        ids = [c for r in near for c in r.call_ids]
-        proxy_ms = statistics.fmean(r.proxy_cpu_ms for r in near)
-        proc_ms = statistics.fmean(probe.cpu_ms_of[c] for c in ids)
+        proxy_ms, size, proc_ms = per_call(near, probe)
         lag = statistics.median((probe.held_at[c] - r.replied_at[c]) * 1000 for r in near for c in r.call_ids)
-        size = statistics.fmean(probe.bytes_of[c] for c in ids)
-        per_point[point] = (proxy_ms, proc_ms)
         ctx = statistics.fmean(r.context for r in near)
         print(f"{ctx:>8.0f}{len(near):>7}{proxy_ms:>19.2f}{size:>18.0f}{proc_ms:>23.2f}{lag:>20.1f}")
-    log_total = sum(probe.session_bytes.values())
+    log_total = sum(probe.session_bytes[s] for s in final_context)
     final_bytes = sum(final_context.values()) * 4
     trees = probe.tree_bytes()
     print(f"\nper session: {log_total / sessions / 1e6:.2f} MB on llm.calls, {disk_bytes / sessions / 1e6:.2f} MB on "
@@ -280,9 +303,27 @@ def report(rounds: list[Round], probe: ProcessorProbe, final_context: dict[str, 
     print(f"memory per open session: proxy {proxy_rss_growth / sessions / 2**20:.2f} MiB (RSS growth / sessions), "
           f"processor {statistics.fmean(trees) / 2**20:.2f} MiB (tree arrays)")
     print(f"dead letters: {len(probe.dead_letters)}")
-    print(f"ratio per-call processor CPU at 64K / at 1K: {per_point[65536][1] / per_point[1024][1]:.2f}x")
-    print(f"ratio per-call proxy CPU at 64K / at 1K: {per_point[65536][0] / per_point[1024][0]:.2f}x")
-    print(f"ratio log bytes / final context bytes per session: {log_total / final_bytes:.2f}x")
+
+
+def report_rewriting(growing: list[Round], rewriting: list[Round], probe: ProcessorProbe, every: int) -> None:
+    """Per call, all calls: growing sessions vs sessions that rewrite their history every `every` turns (same
+    tool outputs), and the rewrite calls (forks) alone."""
+    print(f"\nrewriting every {every} turns (examples/context_rewriting), mean per call over all calls:")
+    print(f"{'sessions':<28}{'calls':>7}{'context':>9}{'proxy CPU ms':>14}{'llm.calls B':>13}{'processor CPU ms':>18}")
+    forks = [r for r in rewriting if r.rewrite]
+    for label, rounds in (("growing", growing), ("rewriting", rewriting), ("rewriting: the forks alone", forks)):
+        proxy_ms, size, proc_ms = per_call(rounds, probe)
+        calls = sum(len(r.call_ids) for r in rounds)
+        ctx = statistics.fmean(r.context for r in rounds)
+        print(f"{label:<28}{calls:>7}{ctx:>9.0f}{proxy_ms:>14.2f}{size:>13.0f}{proc_ms:>18.2f}")
+
+
+def print_ratios(rounds: list[Round], probe: ProcessorProbe, final_context: dict[str, int]) -> None:
+    at_1k, at_64k = (per_call(nearest_rounds(rounds, p), probe) for p in (POINTS[0], POINTS[-1]))
+    log_total = sum(probe.session_bytes[s] for s in final_context)
+    print(f"\nratio per-call processor CPU at 64K / at 1K: {at_64k[2] / at_1k[2]:.2f}x")
+    print(f"ratio per-call proxy CPU at 64K / at 1K: {at_64k[0] / at_1k[0]:.2f}x")
+    print(f"ratio log bytes / final context bytes per session: {log_total / (sum(final_context.values()) * 4):.2f}x")
 
 
 def main() -> None:
@@ -291,6 +332,9 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=65536, help="tokens each session grows to")
     parser.add_argument("--output", type=int, default=64, help="tokens the fake engine answers per call")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--rewrite-every", type=int, default=0, metavar="N",
+                        help="then run as many sessions again, rewriting their history every N turns "
+                             "(examples/context_rewriting), and compare their per-call costs")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="run the proxy under cProfile for the last 10 rounds and print its N costliest functions")
     parser.add_argument("--serve-engine", type=int, default=0, help=argparse.SUPPRESS)  # the fake engine's process
@@ -326,20 +370,24 @@ def main() -> None:
         thread.start()
         if not probe.ready.wait(60):
             raise SystemExit("the processor's consumer got no partitions in 60 s")
-        rounds, final_context, rss_growth = asyncio.run(run_sessions(
-            args, f"http://127.0.0.1:{proxy_port}", model.name, psutil.Process(procs[1].pid), args.output))
-        wanted = {c for r in rounds for c in r.call_ids}
-        deadline = time.monotonic() + 120
-        while not wanted <= probe.held_at.keys() and time.monotonic() < deadline:
-            time.sleep(0.1)
+        proxy = psutil.Process(procs[1].pid)
+        proxy_url = f"http://127.0.0.1:{proxy_port}"
+        rounds, final_context, rss_growth = asyncio.run(run_sessions(args, proxy_url, model.name, proxy, args.output))
+        wait_for_processor(probe, rounds)
+        disk_bytes = log_bytes_on_disk(work / "kafka", bus.topic("llm.calls"))
+        rewriting: list[Round] = []
+        if args.rewrite_every:
+            rewriting, _, _ = asyncio.run(run_sessions(args, proxy_url, model.name, proxy, args.output,
+                                                       ContextCompactor(args.rewrite_every), tag="rw"))
+            wait_for_processor(probe, rewriting)
         probe.stop.set()
         thread.join(10)
-        if not wanted <= probe.held_at.keys():
-            raise SystemExit(f"the processor saw {len(wanted & probe.held_at.keys())} of {len(wanted)} calls")
         if args.profile:
             print_profile(work / "proxy.prof", args.profile, 10 * args.sessions)
-        report(rounds, probe, final_context, log_bytes_on_disk(work / "kafka", bus.topic("llm.calls")), rss_growth,
-               args.sessions)
+        report(rounds, probe, final_context, disk_bytes, rss_growth, args.sessions)
+        if rewriting:
+            report_rewriting(rounds, rewriting, probe, args.rewrite_every)
+        print_ratios(rounds, probe, final_context)
     finally:
         probe.stop.set()
         for proc in procs:
