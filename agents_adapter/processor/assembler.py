@@ -140,8 +140,8 @@ class AssemblerStats:
 
 
 class _Session:
-    __slots__ = ("agent_id", "ended", "group_id", "group_size", "last_ts_ms", "seq", "session_id", "task_id",
-                 "tree")
+    __slots__ = ("agent_id", "ended", "group_id", "group_size", "last_call", "last_ts_ms", "seq", "session_id",
+                 "task_id", "tree")
 
     def __init__(self, session_id: str, ts_ms: int) -> None:
         self.session_id = session_id
@@ -153,6 +153,14 @@ class _Session:
         self.ended: SessionEnded | None = None
         self.tree = PrefixTree()
         self.seq = 0
+        # the last merged call's id and prompt+output ids (packed): what the next call's reference mostly names,
+        # read without walking the tree
+        self.last_call: tuple[str, bytes] = ("", b"")
+
+    def ids_of(self, call_id: str) -> bytes:
+        """A merged call's prompt+output ids (packed int32); raises UnknownCallError."""
+        last_id, ids = self.last_call
+        return ids if call_id == last_id else self.tree.ids_of(call_id).tobytes()
 
     def learn(self, agent_id: str, task_id: str, group_id: str, ts_ms: int) -> None:
         """First non-empty ids win; the newest input time drives the TTL."""
@@ -227,7 +235,7 @@ class TrajectoryAssembler:
         is_new = call.session_id not in self._sessions
         session = self._session(call.session_id, call.ts_ms)
         try:
-            full, extends = self._resolved(session.tree, call)
+            full, extends = self._resolved(session, call)
             tree_delta = session.tree.insert(full, extends)
         except RejectedCallError:
             self.stats.rejected_calls += 1
@@ -237,6 +245,7 @@ class TrajectoryAssembler:
         if not tree_delta:
             self.stats.duplicate_calls += 1
             return Emitted()
+        session.last_call = (full.call_id, full.prompt_ids.to_bytes() + full.output_ids.to_bytes())
         session.learn(call.agent_id, call.task_id, call.group_id, call.ts_ms)
         out = Emitted(deltas=(session.delta(tree_delta),))
         if session.ended is not None and session.tree.num_calls >= session.ended.num_calls:
@@ -245,21 +254,21 @@ class TrajectoryAssembler:
         return out
 
     @staticmethod
-    def _resolved(tree: PrefixTree, call: LLMCall) -> tuple[LLMCall, str]:
+    def _resolved(session: _Session, call: LLMCall) -> tuple[LLMCall, str]:
         """The call in full form, and the call it extends whole ('' when none): a prompt recorded by reference
         takes its first ids from the base call in the session's tree (`schemas.prompt_refs`); a base the tree
         does not hold rejects the call."""
         if not call.by_reference:
             return call, ""
         try:
-            base = tree.ids_of(call.prompt_base_call_id)
-            full = resolved(call, base.tobytes())
+            base = session.ids_of(call.prompt_base_call_id)
+            full = resolved(call, base)
         except UnknownCallError:
             raise UnresolvedCallError(f"call {call.call_id!r} refers to call {call.prompt_base_call_id!r}, which "
                                       f"session {call.session_id!r} does not hold") from None
         except UnresolvedPromptError as e:
             raise UnresolvedCallError(str(e)) from None
-        return full, call.prompt_base_call_id if call.prompt_base_len == len(base) else ""
+        return full, call.prompt_base_call_id if call.prompt_base_len * 4 == len(base) else ""
 
     def _on_call_after_close(self, call: LLMCall, marker: CloseMarker) -> Emitted:
         if marker.call_digests is not None and call_digest(call.call_id) in marker.call_digests:
