@@ -58,7 +58,7 @@ import psutil
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from adapter_bench import PROFILED_PROXY, print_profile, process_cpu_ms, start, wait_http  # noqa: E402  (bench/, the script's directory)
+from adapter_bench import PROFILED_PROXY, print_profile, process_cpu_ms, start, stop_all, wait_http  # noqa: E402  (bench/, the script's directory)
 
 from agents_adapter.processor.config import ProcessorConfig  # noqa: E402
 from agents_adapter.processor.session_stage import SessionStage  # noqa: E402
@@ -390,12 +390,7 @@ def main() -> None:
         print_ratios(rounds, probe, final_context)
     finally:
         probe.stop.set()
-        for proc in procs:
-            proc.terminate()
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_all(procs)
         cluster.stop()
         shutil.rmtree(work, ignore_errors=True)
 

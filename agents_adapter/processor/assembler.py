@@ -41,14 +41,8 @@ import logging
 from dataclasses import dataclass
 from typing import Final
 
-from agents_adapter.errors import (
-    ConfigError,
-    DeltaError,
-    LateCallError,
-    RejectedCallError,
-    UnknownCallError,
-    UnresolvedCallError,
-)
+from agents_adapter.errors import ConfigError, DeltaError, LateCallError, RejectedCallError
+from agents_adapter.processor.call_refs import in_full_form
 from agents_adapter.processor.group_tracker import GroupTracker
 from agents_adapter.processor.prefix_tree import PrefixTree
 from agents_adapter.processor.session_records import CloseMarker, SessionDelta, call_digest, trajectory_event_id
@@ -61,7 +55,6 @@ from schemas.events import (
     SessionStatus,
     Trajectory,
 )
-from schemas.prompt_refs import UnresolvedPromptError, resolved
 
 logger = logging.getLogger(__name__)
 
@@ -235,7 +228,7 @@ class TrajectoryAssembler:
         is_new = call.session_id not in self._sessions
         session = self._session(call.session_id, call.ts_ms)
         try:
-            full, extends = self._resolved(session, call)
+            full, extends = in_full_form(session.ids_of, call)
             tree_delta = session.tree.insert(full, extends)
         except RejectedCallError:
             self.stats.rejected_calls += 1
@@ -252,23 +245,6 @@ class TrajectoryAssembler:
             out += self._close(session, session.ended.status, session.ended.reward,
                                max(session.ended.ts_ms, session.last_ts_ms))
         return out
-
-    @staticmethod
-    def _resolved(session: _Session, call: LLMCall) -> tuple[LLMCall, str]:
-        """The call in full form, and the call it extends whole ('' when none): a prompt recorded by reference
-        takes its first ids from the base call in the session's tree (`schemas.prompt_refs`); a base the tree
-        does not hold rejects the call."""
-        if not call.by_reference:
-            return call, ""
-        try:
-            base = session.ids_of(call.prompt_base_call_id)
-            full = resolved(call, base)
-        except UnknownCallError:
-            raise UnresolvedCallError(f"call {call.call_id!r} refers to call {call.prompt_base_call_id!r}, which "
-                                      f"session {call.session_id!r} does not hold") from None
-        except UnresolvedPromptError as e:
-            raise UnresolvedCallError(str(e)) from None
-        return full, call.prompt_base_call_id if call.prompt_base_len * 4 == len(base) else ""
 
     def _on_call_after_close(self, call: LLMCall, marker: CloseMarker) -> Emitted:
         if marker.call_digests is not None and call_digest(call.call_id) in marker.call_digests:

@@ -37,42 +37,16 @@ from agents_adapter.proxy.openai_models import (
     unsupported,
 )
 from agents_adapter.proxy.outputs import Reply, chat_logprobs, completion_logprobs, finish_reply
-from agents_adapter.proxy.recording import Recorder, llm_call, session_started
+from agents_adapter.proxy.recording import Recorder, llm_call, on_the_wire, session_started
 from agents_adapter.proxy.routing import RoutingTable
 from agents_adapter.proxy.session_book import KeyedLocks, SessionBook
 from agents_adapter.proxy.session_cache import SessionState
 from agents_adapter.proxy.session_store import StoredCall
 from agents_adapter.proxy.stitching import StitchedCall
 from agents_adapter.proxy.tito import BuiltPrompt, TitoBuilder, drift_classes_by_agent, new_call_id
-from schemas.events import Event, LLMCall, encode_event
-from schemas.prompt_refs import by_reference, longest_shared
+from schemas.events import Event, LLMCall
 
 logger = logging.getLogger(__name__)
-
-
-def on_the_wire(events: Sequence[Event], stored: Sequence[bytes], prompts: Sequence[BuiltPrompt],
-                state: SessionState) -> list[bytes]:
-    """What `llm.calls` gets: a call whose prompt begins with a recorded call's ids by reference to it
-    (`schemas.prompt_refs`), any other event as stored. The store keeps the full form: what it restores (a
-    session's prompt cache, a retried request's answer) needs no resolution, and a republished event is valid."""
-    calls = len(prompts)
-    out = list(stored[:len(stored) - calls])
-    for event, value, prompt in zip(events[len(events) - calls:], stored[len(stored) - calls:], prompts, strict=True):
-        if isinstance(event, LLMCall):
-            base, shared = wire_base(event, prompt, state)
-            value = encode_event(by_reference(event, base, shared)) if shared else value
-        out.append(value)
-    return out
-
-
-def wire_base(call: LLMCall, prompt: BuiltPrompt, state: SessionState) -> tuple[str, int]:
-    """The recorded call whose ids begin this call's prompt, and how many: the parent, all of its prompt+output,
-    for an extension (token-in/token-out); else, for a fork (an agent that rewrote or truncated its history),
-    the call of the session's prompt cache (recorded and acknowledged calls only) sharing the longest prefix."""
-    if prompt.parent_call_id and 0 < prompt.reused_tokens <= call.prompt_len:
-        return prompt.parent_call_id, prompt.reused_tokens
-    cached = (*state.chat_calls.values(), *state.text_calls.values(), *state.token_calls.values())
-    return longest_shared(call, ((c.call_id, c.ids) for c in cached))
 
 
 @dataclass(frozen=True)
