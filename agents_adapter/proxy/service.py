@@ -209,7 +209,7 @@ class AdapterService:
         entries = [entry(i, p, r) for i, (p, r) in enumerate(zip(prompts, replies, strict=True))]
         recorded = await self._record(ctx, state, prompts, replies, model, entries)
         for call, kept in zip(recorded, entries, strict=True):  # the events' packed ids: no list to convert again
-            self.tito.restore(state, kept, call.call_id, call.prompt_ids, call.output_ids)
+            self.tito.restore(state, kept, call.call_id, call.prompt_ids, call.output_ids, call.parent_call_id)
         self.observe_added_latency(time.monotonic() - ctx.started - on_engines)
         return list(prompts), replies
 
@@ -230,7 +230,8 @@ class AdapterService:
             reply.turn = call.turn
             replies.append(reply)
             if kept.tito is not None:
-                self.tito.restore(state, kept.tito, call.call_id, list(call.prompt_ids), list(call.output_ids))
+                self.tito.restore(state, kept.tito, call.call_id, list(call.prompt_ids), list(call.output_ids),
+                                  call.parent_call_id)
         logger.info("retried request answered with its recorded calls",
                     extra={"session": ctx.session_id, "calls": len(replies)})
         return served, replies
