@@ -15,11 +15,12 @@ core (`agents_adapter.processor.session_stage.SessionStage` over a dict table, a
 without Faust) in a thread of this process, reading `llm.calls` from Kafka with `bus.consumer.EventConsumer`:
 its CPU per call is that thread's CPU for the call's poll + decode + merge + table delta.
 
-Printed against context size (1K, 4K, 16K, 32K, 64K: the rounds whose context is nearest each): proxy CPU per
-call (all its threads, `/proc` schedstat as bench/adapter_bench.py reads it), bytes per call on `llm.calls` (the
-record's value), processor CPU per call, time from the call's reply to the processor's tree holding it; then per
-session: bytes on `llm.calls`, on disk (the broker's log segments, lz4-compressed by the producer), the final
-context's ids, the proxy's memory per open session (RSS growth / sessions) and the processor's (its trees' arrays).
+Printed against context size (1K, 4K, 16K, 32K, 64K: the 5 rounds whose context is nearest each; CPU as
+medians, bytes as means): proxy CPU per call (all its threads, `/proc` schedstat as bench/adapter_bench.py reads
+it), bytes per call on `llm.calls` (the record's value), processor CPU per call, time from the call's reply to the
+processor's tree holding it; then per session: bytes on `llm.calls`, on disk (the broker's log segments,
+lz4-compressed by the producer), the final context's ids, the proxy's memory per open session (RSS growth /
+sessions) and the processor's (its trees' arrays).
 
 `--rewrite-every N` then runs as many sessions again on the same tool outputs, each rewriting its history every N
 turns as `examples/context_rewriting` does (system prompt, a summary, the last two turns: one fork per rewrite),
@@ -270,16 +271,17 @@ def log_bytes_on_disk(kafka_root: Path, topic: str) -> int:
     return sum(f.stat().st_size for d in kafka_root.rglob(f"{topic}-*") if d.is_dir() for f in d.glob("*.log"))
 
 
-def nearest_rounds(rounds: list[Round], point: int, width: int = 3) -> list[Round]:
+def nearest_rounds(rounds: list[Round], point: int, width: int = 5) -> list[Round]:
     """The `width` rounds whose context is nearest `point` tokens."""
     return sorted(rounds, key=lambda r: abs(r.context - point))[:width]
 
 
 def per_call(rounds: list[Round], probe: ProcessorProbe) -> tuple[float, float, float]:
-    """Mean proxy CPU ms, llm.calls bytes and processor CPU ms per call over `rounds`."""
+    """Proxy CPU ms, llm.calls bytes and processor CPU ms per call over `rounds`: medians (of the rounds' per-call
+    CPU, of the calls' CPU), since a shared machine's load and a garbage collection make single calls spike."""
     ids = [c for r in rounds for c in r.call_ids]
-    return (statistics.fmean(r.proxy_cpu_ms for r in rounds), statistics.fmean(probe.bytes_of[c] for c in ids),
-            statistics.fmean(probe.cpu_ms_of[c] for c in ids))
+    return (statistics.median(r.proxy_cpu_ms for r in rounds), statistics.fmean(probe.bytes_of[c] for c in ids),
+            statistics.median(probe.cpu_ms_of[c] for c in ids))
 
 
 def report(rounds: list[Round], probe: ProcessorProbe, final_context: dict[str, int], disk_bytes: int,
@@ -308,7 +310,7 @@ def report(rounds: list[Round], probe: ProcessorProbe, final_context: dict[str, 
 def report_rewriting(growing: list[Round], rewriting: list[Round], probe: ProcessorProbe, every: int) -> None:
     """Per call, all calls: growing sessions vs sessions that rewrite their history every `every` turns (same
     tool outputs), and the rewrite calls (forks) alone."""
-    print(f"\nrewriting every {every} turns (examples/context_rewriting), mean per call over all calls:")
+    print(f"\nrewriting every {every} turns (examples/context_rewriting), per call over all calls (CPU: medians):")
     print(f"{'sessions':<28}{'calls':>7}{'context':>9}{'proxy CPU ms':>14}{'llm.calls B':>13}{'processor CPU ms':>18}")
     forks = [r for r in rewriting if r.rewrite]
     for label, rounds in (("growing", growing), ("rewriting", rewriting), ("rewriting: the forks alone", forks)):
