@@ -102,11 +102,13 @@ def on_the_wire(events: Sequence[Event], stored: Sequence[bytes], prompts: Seque
 def wire_base(call: LLMCall, prompt: BuiltPrompt, state: SessionState) -> tuple[str, int]:
     """The recorded call whose ids begin this call's prompt, and how many: the parent, all of its prompt+output,
     for an extension (token-in/token-out); else, for a fork (an agent that rewrote or truncated its history),
-    the call of the session's prompt cache (recorded and acknowledged calls only) sharing the longest prefix."""
-    if prompt.parent_call_id and 0 < prompt.reused_tokens <= call.prompt_len:
+    the call of the session's prompt cache sharing the longest prefix. Never a call whose event the log may not
+    hold yet (`SessionState.unlogged`: restored after a crash, republished by the recovery)."""
+    if prompt.parent_call_id and prompt.parent_call_id not in state.unlogged and \
+            0 < prompt.reused_tokens <= call.prompt_len:
         return prompt.parent_call_id, prompt.reused_tokens
     cached = (*state.chat_calls.values(), *state.text_calls.values(), *state.token_calls.values())
-    return longest_shared(call, ((c.call_id, c.ids) for c in cached))
+    return longest_shared(call, ((c.call_id, c.ids) for c in cached if c.call_id not in state.unlogged))
 
 
 class Recorder:

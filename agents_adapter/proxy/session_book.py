@@ -111,6 +111,8 @@ class SessionBook:
             if isinstance(call, LLMCall) and kept.tito is not None:
                 self.tito.restore(stored, kept.tito, call.call_id, list(call.prompt_ids), list(call.output_ids),
                                   call.parent_call_id)
+                if not kept.acked:
+                    stored.unlogged.add(call.call_id)
         self.sessions_restored += 1
         state, _ = self.sessions.get_or_create(session_id, lambda: stored)
         return state
