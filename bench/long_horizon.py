@@ -25,9 +25,13 @@ sessions) and the processor's (its trees' arrays).
 `--rewrite-every N` then runs as many sessions again on the same tool outputs, each rewriting its history every N
 turns as `examples/context_rewriting` does (system prompt, a summary, the last two turns: one fork per rewrite),
 and prints their per-call costs beside the growing sessions' and the rewrite calls' alone. `--profile N` runs the
-proxy under cProfile for the growing sessions' last 10 rounds (bench/adapter_bench.py's).
+proxy under cProfile for the growing sessions' last 10 rounds (bench/adapter_bench.py's). `--open-sessions N` then
+holds N sessions of `--open-context` tokens (16K) open at once (three calls each: a long system prompt, two tool
+outputs), prints the proxy's and the processor's memory per open session, and closes the idle ones as the
+processor's TTL does.
 
     .venv/bin/python bench/long_horizon.py [--sessions 4] [--context 65536] [--rewrite-every 10] [--profile 30]
+    .venv/bin/python bench/long_horizon.py --sessions 2 --context 4096 --open-sessions 1000 [--open-context 16384]
 
 Final lines: `ratio per-call proxy CPU at 64K / at 1K: N.NNx`, `ratio log bytes / final context bytes per
 session: N.NNx`.
@@ -148,17 +152,29 @@ class ProcessorProbe:
             consumer.close()
             loop.close()
 
-    def tree_bytes(self) -> list[int]:
-        """Bytes of each open session's tree arrays (ids, mask, logprobs, versions of every node)."""
+    def tree_bytes(self, prefix: str = "") -> list[int]:
+        """Bytes each open session (id starting with `prefix`) holds in the processor: its tree's arrays (ids,
+        mask, logprobs, versions of every node) and the copy of its last call's ids."""
         assert self.stage is not None
         out = []
         for part in self.stage._partitions.values():
-            for sid in list(part.assembler._sessions):
-                tree = part.assembler.tree(sid)
-                assert tree is not None
-                out.append(sum(n.tokens.nbytes + n.mask.nbytes + n.logprobs.nbytes + n.versions.nbytes
-                               for n in tree._ordered()))
+            for sid, session in list(part.assembler._sessions.items()):
+                if sid.startswith(prefix):
+                    out.append(len(session.last_call[1]) + sum(
+                        n.tokens.nbytes + n.mask.nbytes + n.logprobs.nbytes + n.versions.nbytes
+                        for n in session.tree._ordered()))
         return out
+
+    def expire_idle(self, ttl_ms: int) -> int:
+        """Closes the sessions idle for `ttl_ms` as the processor's TTL tick does (`TrajectoryAssembler.expire`);
+        how many it closed."""
+        assert self.stage is not None
+        closed = 0
+        for part in self.stage._partitions.values():
+            before = part.assembler.open_sessions
+            part.assembler.expire(int(time.time() * 1000) + ttl_ms + 1, ttl_ms)
+            closed += before - part.assembler.open_sessions
+        return closed
 
 
 async def _no_publish(_: object) -> None:
@@ -257,6 +273,54 @@ async def call_warm(http: httpx.AsyncClient, proxy_url: str, model: str, output:
                      {"role": "user", "content": "again"}]
 
 
+async def open_many(args: argparse.Namespace, proxy_url: str, model: str, proxy: psutil.Process,
+                    output: int) -> tuple[list[Round], int]:
+    """`--open-sessions` sessions open at once, each three calls to ~`--open-context` tokens (a long system prompt,
+    then two tool outputs), at most 64 requests in flight; the rounds and the proxy's RSS growth (bytes)."""
+    rng = random.Random(args.seed + 7)
+    system = tool_text(rng, args.open_context - 3 * 700 - 2 * output - 64)
+    histories = [[{"role": "system", "content": f"session {i}. {system}"}] for i in range(args.open_sessions)]
+    gate = asyncio.Semaphore(64)
+    rounds: list[Round] = []
+    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
+    async with httpx.AsyncClient(timeout=600.0, limits=limits) as http:
+
+        async def call(i: int) -> tuple[str, int, float]:
+            histories[i].append({"role": "user", "content": tool_text(rng, 700)})
+            async with gate:
+                response = await http.post(f"{proxy_url}/v1/chat/completions", headers={
+                    "Authorization": f"Bearer {KEY}", "X-Session-Id": f"open-{args.seed}-{i}"},
+                    json={"model": model, "messages": histories[i], "max_tokens": output})
+            if response.status_code != 200:
+                raise SystemExit(f"HTTP {response.status_code}: {response.text[:300]}")
+            answer = response.json()
+            histories[i].append({"role": "assistant", "content": answer["choices"][0]["message"]["content"]})
+            return answer["sflow"]["call_ids"][0], answer["usage"]["prompt_tokens"], time.time()
+
+        rss_before = proxy.memory_info().rss
+        for _ in range(3):
+            before = process_cpu_ms(proxy)
+            done = await asyncio.gather(*(call(i) for i in range(args.open_sessions)))
+            cpu = process_cpu_ms(proxy) - before
+            rounds.append(Round(done[0][1], cpu / len(done), [c for c, _, _ in done], {c: t for c, _, t in done}))
+    return rounds, proxy.memory_info().rss - rss_before
+
+
+def report_open(rounds: list[Round], probe: ProcessorProbe, proxy_rss_growth: int, sessions: int,
+                ttl_ms: int) -> None:
+    """Memory per open session, then the processor's TTL closing the idle ones."""
+    held = probe.tree_bytes("open-")
+    context = rounds[-1].context + 64
+    print(f"\n{sessions} sessions open at once, ~{context} tokens each (3 calls; CPU per call: proxy "
+          f"{per_call(rounds, probe)[0]:.2f} ms, processor {per_call(rounds, probe)[2]:.2f} ms)")
+    print(f"memory per open session: proxy {proxy_rss_growth / sessions / 2**20:.2f} MiB (RSS growth / sessions), "
+          f"processor {statistics.fmean(held) / 2**20:.2f} MiB (tree arrays + the last call's ids); "
+          f"the session's ids alone: {context * 4 / 2**20:.2f} MiB")
+    closed = probe.expire_idle(ttl_ms)
+    print(f"idle past the processor's ttl_ms={ttl_ms}: {closed} open sessions (all) closed as trajectories, "
+          f"{len(probe.tree_bytes('open-'))} still held")
+
+
 def wait_for_processor(probe: ProcessorProbe, rounds: list[Round]) -> None:
     wanted = {c for r in rounds for c in r.call_ids}
     deadline = time.monotonic() + 120
@@ -337,6 +401,9 @@ def main() -> None:
     parser.add_argument("--rewrite-every", type=int, default=0, metavar="N",
                         help="then run as many sessions again, rewriting their history every N turns "
                              "(examples/context_rewriting), and compare their per-call costs")
+    parser.add_argument("--open-sessions", type=int, default=0, metavar="N",
+                        help="then hold N sessions of --open-context tokens open at once and print memory per session")
+    parser.add_argument("--open-context", type=int, default=16384)
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="run the proxy under cProfile for the last 10 rounds and print its N costliest functions")
     parser.add_argument("--serve-engine", type=int, default=0, help=argparse.SUPPRESS)  # the fake engine's process
@@ -345,6 +412,7 @@ def main() -> None:
     if args.serve_engine:
         serve_engine(args.serve_engine, [int(t) for t in args.output_ids.split(",")])
         return
+    longest = max(args.context, args.open_context if args.open_sessions else 0)
     work = Path(tempfile.mkdtemp(prefix="long-horizon-"))
     stop_on_sigterm()
     cluster = KafkaCluster(work / "kafka", nodes=1, base_port=free_base_port())
@@ -354,7 +422,7 @@ def main() -> None:
         cluster.start()
         bus = BusConfig(bootstrap_servers=cluster.bootstrap_servers, topic_prefix=f"lh{os.getpid()}.")
         ensure_topics(bus)
-        model = create_default_model(work / "model", DefaultModelSpec(max_position_embeddings=2 * args.context))
+        model = create_default_model(work / "model", DefaultModelSpec(max_position_embeddings=2 * longest))
         from agents_adapter.proxy.chat_codec import ChatCodec
         output_ids = ChatCodec.from_model_dir(model).encode(tool_text(random.Random(0), args.output))
         engine_port, proxy_port = free_port(), free_port()
@@ -364,7 +432,8 @@ def main() -> None:
         procs.append(start([*proxy_cmd, "--model-path", str(model), "--port", str(proxy_port),
                             "--endpoint", f"rollout-0=http://127.0.0.1:{engine_port}", "--no-routing-from-events",
                             "--bootstrap-servers", cluster.bootstrap_servers, "--topic-prefix", bus.topic_prefix,
-                            "--max-prompt-tokens", str(args.context + 1024), "--log-level", "warning"],
+                            "--max-prompt-tokens", str(longest + 1024), "--log-level", "warning",
+                            "--max-inflight-per-agent", "1024"],
                            {"SFLOW_ADAPTER_API_KEYS": f"bench={KEY}", "OMP_NUM_THREADS": "1"}, work / "proxy.log"))
         wait_http(f"http://127.0.0.1:{engine_port}/health", procs[0], work / "engine.log")
         wait_http(f"http://127.0.0.1:{proxy_port}/health", procs[1], work / "proxy.log")
@@ -382,13 +451,18 @@ def main() -> None:
             rewriting, _, _ = asyncio.run(run_sessions(args, proxy_url, model.name, proxy, args.output,
                                                        ContextCompactor(args.rewrite_every), tag="rw"))
             wait_for_processor(probe, rewriting)
-        probe.stop.set()
-        thread.join(10)
         if args.profile:
             print_profile(work / "proxy.prof", args.profile, 10 * args.sessions)
         report(rounds, probe, final_context, disk_bytes, rss_growth, args.sessions)
         if rewriting:
             report_rewriting(rounds, rewriting, probe, args.rewrite_every)
+        opened, open_rss = asyncio.run(open_many(args, proxy_url, model.name, proxy, args.output)) \
+            if args.open_sessions else ([], 0)
+        wait_for_processor(probe, opened)
+        probe.stop.set()
+        thread.join(10)
+        if opened:
+            report_open(opened, probe, open_rss, args.open_sessions, ProcessorConfig(bus=bus).ttl_ms)
         print_ratios(rounds, probe, final_context)
     finally:
         probe.stop.set()
