@@ -71,8 +71,9 @@ class _Held:
 class PromptResolver:
     """Resolves references for a reader of `llm.calls` that holds no session state of its own (module doc).
 
-    Per session it keeps the last `calls_per_session` calls it saw (what a reference can name: the proxy
-    refers to calls its token-in/token-out cache holds, `calls_cached_per_session`, 16 by default), and at
+    Per session it keeps the `calls_per_session` calls it saw or resolved a reference to last (least recently
+    used beyond, as the proxy's token-in/token-out cache, whose calls are what a reference names:
+    `calls_cached_per_session`, 16 by default), and at
     most `max_sessions` sessions (least recently used beyond). `forget` drops a session (its end).
     """
 
@@ -94,10 +95,11 @@ class PromptResolver:
             self._remember(call, None)
             return call
         base = None if held is None else held.get(call.prompt_base_call_id)
-        if base is None:
+        if held is None or base is None:
             raise UnresolvedPromptError(
                 f"call {call.call_id!r} of session {call.session_id!r} refers to call "
                 f"{call.prompt_base_call_id!r}, which this reader has not seen")
+        held.move_to_end(call.prompt_base_call_id)  # used: kept longer, as the proxy's cache keeps it
         full = resolved(call, base.buffer[:base.length])
         # the call extends its base's whole buffer: the buffer's holders can read the call's instead
         extends = base.buffer if base.length == len(base.buffer) == call.prompt_base_len * _ID_BYTES else None

@@ -109,3 +109,14 @@ def test_a_v2_llmcall_decodes_in_full_form_and_resolves_to_itself() -> None:
                                           version=v2))
     assert isinstance(decoded, LLMCall) and not decoded.by_reference and decoded.prompt_base_len == 0
     assert decoded == call and PromptResolver().resolve(decoded) == call
+
+
+def test_a_base_that_calls_keep_referring_to_is_kept_least_recently_used_last() -> None:
+    c0 = make_call("c0", [1, 2, 3], [4])
+    forks = [make_call(f"f{k}", [1, 2, 3, 4, 50 + k], [5]) for k in range(3)]
+    resolver = PromptResolver(calls_per_session=2)
+    resolver.resolve(c0)
+    for fork in forks:  # each refers to c0, which stays while the forks before it are dropped
+        assert resolver.resolve(by_reference(fork, "c0", 4)) == fork
+    with pytest.raises(UnresolvedPromptError, match="f0"):
+        resolver.resolve(by_reference(make_call("g", [1, 2, 3, 4, 50, 5, 6], [7]), "f0", 6))
