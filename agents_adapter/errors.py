@@ -33,6 +33,11 @@ class LateCallError(RejectedCallError):
     is a duplicate, not late): the shell dead-letters it, so it is kept for an operator, never lost."""
 
 
+class UnresolvedCallError(RejectedCallError):
+    """A call recorded by reference (`schemas.prompt_refs`) names a base call its session's tree does not hold
+    (or holds fewer ids of than the reference takes): dead-lettered with that reason, never guessed."""
+
+
 class UnknownCallError(TreeError, KeyError):
     """The call id was never inserted into this tree."""
 

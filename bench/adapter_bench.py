@@ -124,6 +124,16 @@ def start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[b
                             stderr=subprocess.STDOUT)
 
 
+def stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
+    """Terminates the processes a bench started (killed after 15 s)."""
+    for proc in procs:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
 def wait_http(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 180.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -252,12 +262,7 @@ def main() -> None:
         if args.profile:
             print_profile(work / "proxy.prof", args.profile, args.sequential_turns)
     finally:
-        for proc in procs:
-            proc.terminate()
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_all(procs)
         if cluster is not None:
             cluster.stop()
         shutil.rmtree(work, ignore_errors=True)

@@ -3,10 +3,15 @@
 Operators use it to rebuild state (trajectories, the scheduler's pool) and compare it with what was
 recorded. Events come back in offset order per partition and merged by timestamp across partitions,
 so the order per key — what Kafka guarantees — is the order they were produced in.
+
+An `LLMCall` recorded by reference (`schemas.prompt_refs`) comes back in full form, resolved from the
+calls read before it in its partition (a session's calls share one); one whose base call is not in the
+range (a range starting mid-session) is skipped with the reason, never guessed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import logging
 import time
@@ -19,6 +24,8 @@ from bus.config import BusConfig
 from bus.consumer import Received, consumer_settings, fetch_ready, to_received, unique_group
 from bus.errors import ConsumeError
 from schemas.errors import SchemaError
+from schemas.events import LLMCall
+from schemas.prompt_refs import PromptResolver
 
 log = logging.getLogger("sflow.bus")
 
@@ -93,6 +100,7 @@ def _read_partition(consumer: Consumer, tp: TopicPartition, start: int, end: int
         return out
     consumer.assign([TopicPartition(tp.topic, tp.partition, start)])
     position = start
+    prompts = PromptResolver()
     while position < end:
         batch = fetch_ready(consumer, min(500, end - position), timeout_s)
         if not batch:
@@ -109,7 +117,10 @@ def _read_partition(consumer: Consumer, tp: TopicPartition, start: int, end: int
                 break
             position = offset + 1
             try:
-                out.append(to_received(msg))
+                received = to_received(msg)
+                if isinstance(received.event, LLMCall):
+                    received = dataclasses.replace(received, event=prompts.resolve(received.event))
+                out.append(received)
             except SchemaError as e:
                 result.skipped.append((tp.topic, tp.partition, offset, str(e)))
     consumer.unassign()

@@ -90,6 +90,20 @@ def status() -> None:
         console.print(f"consumer group {g.group_id} ({g.state})")
 
 
+def _resolved(event: Any, prompts: Any) -> tuple[Any, dict[str, str]]:
+    """The event to show, and a note: an LLMCall recorded by reference is shown whole when `prompts` (a
+    `schemas.prompt_refs.PromptResolver`) can resolve it, else as recorded, with why it could not."""
+    from schemas.events import LLMCall
+    from schemas.prompt_refs import UnresolvedPromptError
+
+    if not isinstance(event, LLMCall):
+        return event, {}
+    try:
+        return prompts.resolve(event), {}
+    except UnresolvedPromptError as e:
+        return event, {"unresolved": str(e)}
+
+
 @events_app.command("tail")
 def tail(
     topic: Annotated[str, typer.Argument(help="catalog topic, e.g. llm.calls, scheduler, control")],
@@ -105,12 +119,14 @@ def tail(
     from bus.kit import run_until_signalled
     from bus.topics import spec
     from infra import stack
+    from schemas.prompt_refs import PromptResolver
 
     spec(topic)
     config = stack.bus_config("sflow-tail")
     offset_reset = "earliest" if from_beginning else "latest"
     settings: dict[str, Any] = {"auto.offset.reset": offset_reset}
     consumer = EventConsumer(config, unique_group("sflow-tail"), [topic], **settings)
+    prompts = PromptResolver()
     shown = 0
     last = time.monotonic()
 
@@ -119,8 +135,9 @@ def tail(
             nonlocal shown
             if limit and shown >= limit:
                 return  # the rest of the batch that reached the limit
-            if matches(r.event, session, resource, event_type):
-                print(json.dumps({"offset": f"{r.partition}:{r.offset}", **describe(r.event)}), flush=True)
+            event, note = _resolved(r.event, prompts)
+            if matches(event, session, resource, event_type):
+                print(json.dumps({"offset": f"{r.partition}:{r.offset}", **describe(event), **note}), flush=True)
                 shown += 1
                 if limit and shown >= limit:
                     stop.set()

@@ -70,10 +70,22 @@ class LLMCall(Event):
     completed_ms: int
     drift: bool = False
     parent_call_id: str = ""
+    prompt_base_call_id: str = ""
+    prompt_base_len: int = 0
 
     @property
     def key(self) -> str:
         return self.session_id
+
+    @property
+    def prompt_len(self) -> int:
+        """Tokens of the whole prompt, whether recorded in full or by reference (`schemas.prompt_refs`)."""
+        return self.prompt_base_len + len(self.prompt_ids)
+
+    @property
+    def by_reference(self) -> bool:
+        """Whether the prompt's first ids are another call's (`schemas.prompt_refs` resolves them)."""
+        return bool(self.prompt_base_call_id)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from agents_adapter.errors import ConfigError, DeltaError, LateCallError, RejectedCallError
+from agents_adapter.processor.call_refs import in_full_form
 from agents_adapter.processor.group_tracker import GroupTracker
 from agents_adapter.processor.prefix_tree import PrefixTree
 from agents_adapter.processor.session_records import CloseMarker, SessionDelta, call_digest, trajectory_event_id
@@ -132,8 +133,8 @@ class AssemblerStats:
 
 
 class _Session:
-    __slots__ = ("agent_id", "ended", "group_id", "group_size", "last_ts_ms", "seq", "session_id", "task_id",
-                 "tree")
+    __slots__ = ("agent_id", "ended", "group_id", "group_size", "last_call", "last_ts_ms", "seq", "session_id",
+                 "task_id", "tree")
 
     def __init__(self, session_id: str, ts_ms: int) -> None:
         self.session_id = session_id
@@ -145,6 +146,14 @@ class _Session:
         self.ended: SessionEnded | None = None
         self.tree = PrefixTree()
         self.seq = 0
+        # the last merged call's id and prompt+output ids (packed): what the next call's reference mostly names,
+        # read without walking the tree
+        self.last_call: tuple[str, bytes] = ("", b"")
+
+    def ids_of(self, call_id: str) -> bytes:
+        """A merged call's prompt+output ids (packed int32); raises UnknownCallError."""
+        last_id, ids = self.last_call
+        return ids if call_id == last_id else self.tree.ids_of(call_id).tobytes()
 
     def learn(self, agent_id: str, task_id: str, group_id: str, ts_ms: int) -> None:
         """First non-empty ids win; the newest input time drives the TTL."""
@@ -219,7 +228,8 @@ class TrajectoryAssembler:
         is_new = call.session_id not in self._sessions
         session = self._session(call.session_id, call.ts_ms)
         try:
-            tree_delta = session.tree.insert(call)
+            full, extends = in_full_form(session.ids_of, call)
+            tree_delta = session.tree.insert(full, extends)
         except RejectedCallError:
             self.stats.rejected_calls += 1
             if is_new:
@@ -228,6 +238,7 @@ class TrajectoryAssembler:
         if not tree_delta:
             self.stats.duplicate_calls += 1
             return Emitted()
+        session.last_call = (full.call_id, full.prompt_ids.to_bytes() + full.output_ids.to_bytes())
         session.learn(call.agent_id, call.task_id, call.group_id, call.ts_ms)
         out = Emitted(deltas=(session.delta(tree_delta),))
         if session.ended is not None and session.tree.num_calls >= session.ended.num_calls:

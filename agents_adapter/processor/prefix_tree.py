@@ -86,12 +86,17 @@ class PrefixTree(TreeStore):
 
     # --- building ---
 
-    def insert(self, call: LLMCall) -> TreeDelta:
+    def insert(self, call: LLMCall, extends: str = "") -> TreeDelta:
         """Merges a call at its longest matching prefix and returns what changed.
 
         Inserting a call id again with the same content changes nothing (empty delta); with other
         content it raises ConflictingCallError. A malformed call raises MalformedCallError. Either way
         the tree is left as it was.
+
+        `extends`: a call of this tree whose prompt+output the caller knows begins this call's prompt (it
+        took those ids from `ids_of(extends)`): the walk starts at that call's end node, since the walk from
+        the root would follow its path and the prompt claims nothing there (a given token never beats a
+        claim). The same tree and delta, without comparing the shared tokens again.
         """
         tokens, out_logprobs, out_versions = call_arrays(call)
         n_prompt = len(call.prompt_ids)
@@ -103,8 +108,11 @@ class PrefixTree(TreeStore):
             if known.digest != digest or known.num_tokens != len(tokens):
                 raise ConflictingCallError(f"call {call.call_id!r} arrived again with different content")
             return self.empty_delta()
-        node = self._root
-        pos, end = 0, len(tokens)
+        node, pos, end = self._root, 0, len(tokens)
+        base = self._calls.get(extends) if extends else None
+        if base is not None and base.num_tokens <= n_prompt:
+            node = self._root if base.end_node == ROOT else self._nodes[base.end_node]
+            pos = base.num_tokens
         while pos < end:
             child = node.children.get(int(tokens[pos]))
             if child is None:
@@ -310,6 +318,19 @@ class PrefixTree(TreeStore):
         except KeyError:
             raise UnknownCallError(call_id) from None
         return self._path_to(self._root if record.end_node == ROOT else self._nodes[record.end_node])
+
+    def ids_of(self, call_id: str) -> IntArray:
+        """The call's prompt+output ids (what a call recorded by reference to it takes its first ids from)."""
+        try:
+            record = self._calls[call_id]
+        except KeyError:
+            raise UnknownCallError(call_id) from None
+        chain: list[IntArray] = []
+        node = None if record.end_node == ROOT else self._nodes[record.end_node]
+        while node is not None and node is not self._root:
+            chain.append(node.tokens)
+            node = node.parent
+        return np.concatenate(chain[::-1]) if chain else EMPTY_I32.copy()
 
     def _path_to(self, last: TreeNode) -> TreePath:
         chain: list[TreeNode] = []

@@ -9,6 +9,7 @@ float32 logprobs totally (the merge rule's tie-break).
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from typing import Final, TypeAlias
 
 import numpy as np
@@ -16,6 +17,7 @@ import numpy.typing as npt
 
 from agents_adapter.errors import InvalidNodesError, MalformedCallError
 from schemas.events import LLMCall
+from schemas.packed import PackedArray
 
 I32: Final = np.dtype("<i4")
 F32: Final = np.dtype("<f4")
@@ -43,13 +45,21 @@ def call_arrays(call: LLMCall) -> tuple[IntArray, FloatArray, IntArray]:
     n_prompt = len(call.prompt_ids)
     try:
         tokens = np.empty(n_prompt + n_out, I32)
-        tokens[:n_prompt] = np.fromiter(call.prompt_ids, I32, n_prompt)
-        tokens[n_prompt:] = np.fromiter(call.output_ids, I32, n_out)
-        logprobs = np.fromiter(call.output_logprobs, F32, n_out)
-        versions = np.fromiter(call.output_versions, I32, n_out)
+        tokens[:n_prompt] = _as_array(call.prompt_ids, I32)
+        tokens[n_prompt:] = _as_array(call.output_ids, I32)
+        logprobs = _as_array(call.output_logprobs, F32)
+        versions = _as_array(call.output_versions, I32)
     except (OverflowError, ValueError, TypeError) as e:
         raise MalformedCallError(f"call {call.call_id!r}: {e}") from e
     return tokens, logprobs, versions
+
+
+def _as_array(values: Sequence[int] | Sequence[float], dtype: np.dtype) -> npt.NDArray:
+    """A packed field as a numpy view (no per-number iteration: a 64K-token prompt is one copy), anything else
+    (a tuple a test built) converted number by number, refusing values the dtype cannot hold."""
+    if isinstance(values, PackedArray) and values.array.dtype == dtype:
+        return values.array
+    return np.fromiter(values, dtype, len(values))
 
 
 def call_content_digest(n_prompt: int, tokens: IntArray, logprobs: FloatArray, versions: IntArray) -> bytes:

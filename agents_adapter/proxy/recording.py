@@ -34,12 +34,14 @@ from typing import Final
 from agents_adapter.errors import RecordingError
 from agents_adapter.proxy.session_cache import SessionState
 from agents_adapter.proxy.stitching import StitchedCall
+from agents_adapter.proxy.tito import BuiltPrompt
 from bus.errors import BusError
 from bus.producer import EventProducer
 from bus.replay import ReplayRange, replay
 from bus.topics import topic_of
-from schemas.events import Event, LLMCall, SessionEnded, SessionStarted, SessionStatus
+from schemas.events import Event, LLMCall, SessionEnded, SessionStarted, SessionStatus, encode_event
 from schemas.packed import Float32s, Int32s
+from schemas.prompt_refs import by_reference, longest_shared
 
 logger = logging.getLogger(__name__)
 SESSION_NAMESPACE: Final = uuid.UUID("0d6b6c1e-9a43-5f7e-8a53-2b1f2c0e7a11")
@@ -80,6 +82,33 @@ def llm_call(*, call_id: str, state: SessionState, model: str, turn: int, call: 
         finish_reason=call.finish_reason, segments=tuple(call.segments), request_ms=request_ms,
         completed_ms=completed_ms, drift=drift, parent_call_id=parent_call_id,
     )
+
+
+def on_the_wire(events: Sequence[Event], stored: Sequence[bytes], prompts: Sequence[BuiltPrompt],
+                state: SessionState) -> list[bytes]:
+    """What `llm.calls` gets: a call whose prompt begins with a recorded call's ids by reference to it
+    (`schemas.prompt_refs`), any other event as stored. The store keeps the full form: what it restores (a
+    session's prompt cache, a retried request's answer) needs no resolution, and a republished event is valid."""
+    calls = len(prompts)
+    out = list(stored[:len(stored) - calls])
+    for event, value, prompt in zip(events[len(events) - calls:], stored[len(stored) - calls:], prompts, strict=True):
+        if isinstance(event, LLMCall):
+            base, shared = wire_base(event, prompt, state)
+            value = encode_event(by_reference(event, base, shared)) if shared else value
+        out.append(value)
+    return out
+
+
+def wire_base(call: LLMCall, prompt: BuiltPrompt, state: SessionState) -> tuple[str, int]:
+    """The recorded call whose ids begin this call's prompt, and how many: the parent, all of its prompt+output,
+    for an extension (token-in/token-out); else, for a fork (an agent that rewrote or truncated its history),
+    the call of the session's prompt cache sharing the longest prefix. Never a call whose event the log may not
+    hold yet (`SessionState.unlogged`: restored after a crash, republished by the recovery)."""
+    if prompt.parent_call_id and prompt.parent_call_id not in state.unlogged and \
+            0 < prompt.reused_tokens <= call.prompt_len:
+        return prompt.parent_call_id, prompt.reused_tokens
+    cached = (*state.chat_calls.values(), *state.text_calls.values(), *state.token_calls.values())
+    return longest_shared(call, ((c.call_id, c.ids) for c in cached if c.call_id not in state.unlogged))
 
 
 class Recorder:

@@ -38,7 +38,7 @@ from agents_adapter.proxy.openai_models import (
     unsupported,
 )
 from agents_adapter.proxy.outputs import Reply, chat_logprobs, completion_logprobs, finish_reply
-from agents_adapter.proxy.recording import Recorder, llm_call, session_started
+from agents_adapter.proxy.recording import Recorder, llm_call, on_the_wire, session_started
 from agents_adapter.proxy.routing import RoutingTable
 from agents_adapter.proxy.session_book import KeyedLocks, SessionBook
 from agents_adapter.proxy.session_cache import SessionState
@@ -217,7 +217,7 @@ class AdapterService:
         entries = [entry(i, p, r) for i, (p, r) in enumerate(zip(prompts, replies, strict=True))]
         recorded = await self._record(ctx, state, prompts, replies, model, entries)
         for call, kept in zip(recorded, entries, strict=True):  # the events' packed ids: no list to convert again
-            self.tito.restore(state, kept, call.call_id, call.prompt_ids, call.output_ids)
+            self.tito.restore(state, kept, call.call_id, call.prompt_ids, call.output_ids, call.parent_call_id)
         self.observe_added_latency(time.monotonic() - ctx.started - on_engines)
         return list(prompts), replies
 
@@ -238,7 +238,8 @@ class AdapterService:
             reply.turn = call.turn
             replies.append(reply)
             if kept.tito is not None:
-                self.tito.restore(state, kept.tito, call.call_id, list(call.prompt_ids), list(call.output_ids))
+                self.tito.restore(state, kept.tito, call.call_id, list(call.prompt_ids), list(call.output_ids),
+                                  call.parent_call_id)
         logger.info("retried request answered with its recorded calls",
                     extra={"session": ctx.session_id, "calls": len(replies)})
         return served, replies
@@ -329,7 +330,7 @@ class AdapterService:
                 self._unserved(state, first_turn, len(replies), drifted)
                 raise
             try:
-                await self.recorder.record(events, encoded)
+                await self.recorder.record(events, on_the_wire(events, encoded, prompts, state))
             except BaseException:
                 self._unserved(state, first_turn, len(replies), drifted)
                 self.book.store.abandon_calls(state, key)

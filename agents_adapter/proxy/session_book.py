@@ -109,7 +109,10 @@ class SessionBook:
         for kept in self.store.recent_calls(session_id, self.config.calls_cached_per_session):
             call = kept.event
             if isinstance(call, LLMCall) and kept.tito is not None:
-                self.tito.restore(stored, kept.tito, call.call_id, list(call.prompt_ids), list(call.output_ids))
+                self.tito.restore(stored, kept.tito, call.call_id, list(call.prompt_ids), list(call.output_ids),
+                                  call.parent_call_id)
+                if not kept.acked:
+                    stored.unlogged.add(call.call_id)
         self.sessions_restored += 1
         state, _ = self.sessions.get_or_create(session_id, lambda: stored)
         return state

@@ -57,6 +57,9 @@ class SessionState:
     text_calls: OrderedDict[str, CachedCall] = field(default_factory=OrderedDict)
     token_calls: OrderedDict[str, CachedCall] = field(default_factory=OrderedDict)
     chat_chain: ChatChain | None = None
+    # calls restored into the prompt cache from the store whose events Kafka had not acknowledged (a crash): the
+    # recovery republishes them, maybe after this session's next call, so no call is recorded by reference to them
+    unlogged: set[str] = field(default_factory=set)
     last_used: float = 0.0
 
 

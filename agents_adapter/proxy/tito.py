@@ -41,6 +41,7 @@ Sessions live in an LRU cache with an idle TTL (`session_cache`); each keeps at 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import uuid
@@ -207,12 +208,16 @@ class TitoBuilder:
                      output_ids)
 
     def restore(self, state: SessionState, entry: Mapping[str, Any], call_id: str, prompt_ids: Sequence[int],
-                output_ids: Sequence[int]) -> None:
+                output_ids: Sequence[int], parent_call_id: str = "") -> None:
         """Keeps a served call under `entry` ({"kind": chat|text|tokens, ...}: what `remember_*` derive, and
-        what the durable session store keeps so that a session's cache survives a proxy restart)."""
+        what the durable session store keeps so that a session's cache survives a proxy restart).
+        `parent_call_id`: the cached call whose prompt+output the prompt extends (the call's event says it)."""
         # packed ids (an event's) are read in place, not converted number by number
         ids = np.concatenate((np.asarray(prompt_ids, dtype=np.int32), np.asarray(output_ids, dtype=np.int32)))
         kind = entry["kind"]
+        if parent_call_id:
+            for calls in (state.chat_calls, state.text_calls, state.token_calls):
+                _share(calls, parent_call_id, ids)
         if kind == "chat":
             self._keep(state.chat_calls, bytes.fromhex(entry["key"]),
                        CachedCall(call_id, ids, len(prompt_ids), glue=self.codec.glue(output_ids)))
@@ -274,6 +279,20 @@ class TitoBuilder:
         calls.move_to_end(key)
         while len(calls) > self.calls_per_session:
             calls.popitem(last=False)
+
+
+def _share(calls: OrderedDict[Any, CachedCall], parent_call_id: str, ids: np.ndarray) -> None:
+    """The cached calls whose ids are a prefix of `ids` (a new call extending `parent_call_id`: the parent, and the
+    calls whose ids are a shorter view of the parent's buffer) read them from `ids` instead: a growing session
+    keeps one buffer of its latest context, not one per cached call (16 x 256 KB at 64K tokens)."""
+    parent = next((c.ids for c in calls.values() if c.call_id == parent_call_id), None)
+    if parent is None or len(parent) > len(ids):
+        return
+    owner = parent if parent.base is None else parent.base
+    for key, cached in list(calls.items()):
+        same_buffer = cached.ids is parent or cached.ids.base is owner or cached.ids is owner
+        if same_buffer and len(cached.ids) <= len(parent):
+            calls[key] = dataclasses.replace(cached, ids=ids[:len(cached.ids)])
 
 
 def new_call_id() -> str:

@@ -37,7 +37,7 @@ def _llm_call(e: ev.LLMCall) -> _Rows:
         "call_id": e.call_id, "session_id": e.session_id, "agent_id": e.agent_id, "task_id": e.task_id,
         "group_id": e.group_id, "model": e.model, "turn": e.turn,
         "resource_id": e.segments[-1].resource_id if e.segments else "",
-        "prompt_tokens": len(e.prompt_ids), "output_tokens": len(e.output_ids), "min_version": lo,
+        "prompt_tokens": e.prompt_len, "output_tokens": len(e.output_ids), "min_version": lo,
         "max_version": hi, "drift": e.drift, "finish_reason": e.finish_reason, "request_ms": e.request_ms,
         "completed_ms": e.completed_ms, "latency_ms": e.completed_ms - e.request_ms,
         "segments": len(e.segments), "parent_call_id": e.parent_call_id,

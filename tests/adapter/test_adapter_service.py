@@ -29,12 +29,15 @@ from agents_adapter.proxy.config import AdapterConfig
 from agents_adapter.sdk import AgentSession, AsyncAgentSession, report_reward_later
 from bus.admin import ensure_topics
 from bus.config import BusConfig
+from bus.consumer import EventConsumer, unique_group
 from bus.producer import EventProducer
 from bus.replay import replay
 from examples.calculator.agent import CalculatorAgent, arun_episode, run_episode
 from examples.calculator.tasks import make_arithmetic_tasks
+from examples.context_rewriting.agent import CompactingAgent, ContextCompactor
 from infra.kafka.cluster import KafkaCluster, free_base_port
 from schemas import events as ev
+from schemas.prompt_refs import PromptResolver
 from tests.adapter.conftest import ADMIN_KEY
 from tests.adapter.support import EngineProcess, engine_inputs, free_port, serve, wait_for
 
@@ -92,6 +95,20 @@ def recorded(bus: BusConfig, topic: str, kind: type[ev.Event]) -> list[Any]:
     return [r.event for r in replay(bus, [topic]).events if isinstance(r.event, kind)]
 
 
+def raw_calls(bus: BusConfig, session_id: str, n: int) -> list[ev.LLMCall]:
+    """The session's calls as `llm.calls` holds them (bus.replay resolves references; this reads them as recorded)."""
+    consumer = EventConsumer(bus, unique_group("raw"), ["llm.calls"])
+    got: list[ev.LLMCall] = []
+    try:
+        deadline = time.monotonic() + 30
+        while len(got) < n and time.monotonic() < deadline:
+            got += [r.event for r in consumer.poll(0.5)
+                    if isinstance(r.event, ev.LLMCall) and r.event.session_id == session_id]
+    finally:
+        consumer.close()
+    return sorted(got, key=lambda c: c.turn)
+
+
 def echo(message: Any) -> dict[str, Any]:
     """The reply as agents send it back (the openai message object, dumped)."""
     return dict(message.model_dump(exclude_none=True))
@@ -143,6 +160,33 @@ def test_ten_turn_session_records_exactly_what_the_engine_saw(
     assert (started.task_id, started.group_id) == ("task-7", "group-7")
     assert (ended.reward, ended.status, ended.num_calls) == (1.0, ev.SessionStatus.COMPLETED, 10)
     assert proxy.service.drift_by_agent["agent-a"] == 0
+
+
+def test_a_compacting_agent_s_forks_are_recorded_from_the_fork_point(
+    bus_config: BusConfig, start_proxy: Callable[..., Proxy], engine_a: tuple[str, Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """examples/context_rewriting's agent through the proxy: extensions go on `llm.calls` by reference to their
+    parent, each rewrite (a fork) by reference to a recorded call up to the fork point, and the raw log resolved
+    (schemas.prompt_refs) is exactly what the engine read."""
+    url, engine = engine_a
+    seen = engine_inputs(engine, monkeypatch)
+    proxy = start_proxy(bus_config, (f"rollout-a={url}",))
+    agent = CompactingAgent(proxy.model, ContextCompactor(every=3, keep_turns=1), max_turns=8, max_tokens=4)
+    with AgentSession(f"{proxy.url}/v1", "key-a", max_retries=0) as session:
+        agent.run(session.client, "You explore. " * 20, "List the files.", lambda reply: f"listing of {reply!r}")
+        session.reward = 1.0
+    assert agent.rewrites == 2
+    mine = raw_calls(bus_config, session.session_id, 8)
+    assert [c.by_reference for c in mine] == [False] + [True] * 7
+    forks = [c for c in mine if c.drift]
+    assert [c.turn for c in forks] == [3, 6]
+    for fork in forks:  # from the fork point: the shared system prompt, not the whole parent
+        base = next(c for c in mine if c.call_id == fork.prompt_base_call_id)
+        assert 0 < fork.prompt_base_len < base.prompt_len + len(base.output_ids)
+    resolver = PromptResolver()
+    for call in mine:
+        assert list(resolver.resolve(call).prompt_ids) == seen[f"{call.call_id}-0"][0]
 
 
 def test_edited_history_is_flagged_and_counted(

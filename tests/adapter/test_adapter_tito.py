@@ -6,6 +6,7 @@ import functools
 import json
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -230,3 +231,23 @@ def test_session_cache_is_lru_with_ttl() -> None:
     assert cache.get("a") is None and cache.expired_ttl == 2
     _state, created = cache.get_or_create("a", lambda: SessionState("a", "agent"))
     assert created and len(cache) == 1
+
+
+def test_a_growing_session_keeps_one_buffer_of_ids_and_a_fork_its_own(codec: ChatCodec) -> None:
+    """Cached calls that a new call extends read their ids from its buffer (a prefix of it), so a session's
+    prompt cache holds its latest context once, not once per cached call; a fork keeps a buffer of its own."""
+    builder, state = TitoBuilder(codec, 8), SessionState("s", "a")
+    prompt: list[int] = [1, 2, 3]
+    for turn in range(5):
+        parent = f"k{turn - 1}" if turn else ""
+        builder.restore(state, {"kind": "tokens"}, f"k{turn}", prompt, [10 + turn], parent_call_id=parent)
+        prompt = [*prompt, 10 + turn, 20 + turn]
+    latest = state.token_calls["k4"].ids
+    for turn in range(5):
+        cached = state.token_calls[f"k{turn}"]
+        assert cached.ids.base is latest or cached.ids is latest
+        assert cached.ids.tolist() == latest.tolist()[:len(cached.ids)]
+    assert state.token_calls["k0"].ids.tolist() == [1, 2, 3, 10]
+    builder.restore(state, {"kind": "tokens"}, "fork", [1, 2, 99], [7])
+    assert not np.shares_memory(state.token_calls["fork"].ids, latest)
+    assert state.token_calls["k4"].ids is latest

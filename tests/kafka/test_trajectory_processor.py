@@ -52,6 +52,7 @@ from schemas.events import (
     encode_event,
     now_ms,
 )
+from schemas.prompt_refs import reference_form
 from tests.service_process import ServiceProcess
 
 REPO = Path(__file__).resolve().parents[2]
@@ -585,6 +586,65 @@ def test_replay_rebuilds_the_recorded_trajectories_and_reports_tampering(
     assert "MISMATCH" in text and "p2: reward: rebuilt 1.0, recorded 0.5" in text
     assert report.duplicates == 0  # the tampered copy is a difference, not a redelivery
     print("\n" + text)
+
+
+def rewriting_session(sid: str, turns: int, rewrite_every: int) -> list[Event]:
+    """A long session whose agent rewrites its history every `rewrite_every` turns (it keeps the first
+    prompt and the last two turns, as a context-compressing agent does): one fork per rewrite."""
+    rng = random.Random(sid)
+    events: list[Event] = [SessionStarted(correlation_id=sid, session_id=sid, agent_id="agent", group_id="rw")]
+    first = [rng.randrange(1000) for _ in range(64)]
+    history, turn_spans = list(first), []
+    for turn in range(turns):
+        if turn and turn % rewrite_every == 0:
+            history = first + [999] + [t for span in turn_spans[-2:] for t in span]
+        output = [rng.randrange(1000) for _ in range(8)]
+        events.append(LLMCall(correlation_id=sid, call_id=f"{sid}-c{turn}", session_id=sid, agent_id="agent",
+                              group_id="rw", model="toy", turn=turn, finish_reason="stop", request_ms=0,
+                              completed_ms=1, prompt_ids=tuple(history), output_ids=tuple(output),
+                              output_logprobs=(-0.5,) * 8, output_versions=(turn % 3,) * 8))
+        tool = [rng.randrange(1000) for _ in range(rng.randrange(20, 200))]
+        turn_spans.append(output + tool)
+        history = history + output + tool
+    events.append(SessionEnded(correlation_id=sid, session_id=sid, agent_id="agent", group_id="rw", reward=1.0,
+                               num_calls=turns))
+    return events
+
+
+def by_reference(events: list[Event]) -> list[Event]:
+    """The session as the proxy records it: each call by reference to the earlier one it extends or forks."""
+    calls = [e for e in events if isinstance(e, LLMCall)]
+    return [reference_form(e, calls[:calls.index(e)]) if isinstance(e, LLMCall) else e for e in events]
+
+
+@pytest.mark.kafka
+def test_long_rewriting_sessions_recorded_by_reference_replay_byte_identical(
+    bus_config: BusConfig, worker_factory: Callable[..., Worker]
+) -> None:
+    """Sessions of 60 calls rewriting their history every 10 turns, recorded by reference: the worker's
+    trajectories are those of the calls in full (one branch per rewrite), and `replay_trajectories` rebuilds
+    them byte for byte; a reference to a call that was never recorded is dead-lettered with its reason."""
+    sessions = {f"rw{i}": rewriting_session(f"rw{i}", 60, 10) for i in range(3)}
+    recorded = {sid: by_reference(events) for sid, events in sessions.items()}
+    calls = [e for events in recorded.values() for e in events if isinstance(e, LLMCall)]
+    assert sum(e.by_reference for e in calls) == len(calls) - 3  # only each session's first call is in full
+    assert sum(len(e.prompt_ids) for e in calls) < sum(e.prompt_len for e in calls) / 5
+    worker = worker_factory().start()
+    publish_all(bus_config, [e for events in recorded.values() for e in events])
+    by_id = wait_for_trajectories(bus_config, set(sessions), worker)
+    for sid, events in sessions.items():
+        tree = core_tree(events)
+        assert by_id[sid].nodes == tree.nodes() and len(tree.paths()) == 6  # one branch per rewrite
+    orphan = dataclasses.replace(calls[5], call_id="orphan", session_id="lost", correlation_id="lost")
+    publish_all(bus_config, [orphan])
+    deadline = time.monotonic() + 20
+    while not (letters := [r.event for r in read_events(bus_config, "dlq")]) and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert [letter.reason for letter in letters if isinstance(letter, DeadLetter)] == [
+        "rejected call: call 'orphan' refers to call 'rw0-c4', which session 'lost' does not hold"]
+    worker.stop()
+    report = replay_trajectories(ProcessorConfig(bus=bus_config), ReplayRange(), grace_ms=0)
+    assert report.matched == sorted(sessions), report.render()
 
 
 KILL_SEED = int(os.environ.get("SFLOW_KILL_SEED", "0")) or random.SystemRandom().randrange(1, 10**6)

@@ -321,3 +321,31 @@ def test_close_markers_round_trip_and_old_markers_read_without_digests() -> None
     assembler = TrajectoryAssembler()
     assembler.restore_closed("s1", old)  # an old marker cannot tell: the call is dropped as before
     assert assembler.on_call(two_turns()[0]) == Emitted() and assembler.stats.late_calls == 1
+
+
+@FAST
+@given(sessions(max_turns=9))
+def test_calls_recorded_by_reference_give_the_trajectory_of_the_calls_in_full(calls) -> None:
+    from schemas.prompt_refs import reference_form
+
+    recorded = [decode_event(encode_event(reference_form(c, calls[:i]))) for i, c in enumerate(calls)]
+    full = feed(TrajectoryAssembler(), [started(), *calls, ended(num_calls=len(calls))]).trajectories
+    by_ref = feed(TrajectoryAssembler(), [started(), *recorded, ended(num_calls=len(calls))]).trajectories
+    assert [encode_event(t) for t in by_ref] == [encode_event(t) for t in full]
+
+
+def test_a_reference_to_a_call_the_session_does_not_hold_is_rejected_and_changes_nothing() -> None:
+    from agents_adapter.errors import UnresolvedCallError
+    from schemas.prompt_refs import by_reference
+
+    first, second = two_turns()
+    assembler = TrajectoryAssembler()
+    with pytest.raises(UnresolvedCallError, match=r"s1-b.*s1-a"):
+        assembler.on_call(by_reference(second, first.call_id, 5))
+    assert assembler.open_sessions == 0
+    assembler.on_call(first)
+    with pytest.raises(UnresolvedCallError, match="takes 6 ids"):
+        assembler.on_call(by_reference(second, first.call_id, 6))
+    assembler.on_call(by_reference(second, first.call_id, 5))
+    tree = assembler.tree("s1")
+    assert tree is not None and tree.num_calls == 2
