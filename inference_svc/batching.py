@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from inference_svc.grammar import advance
 from inference_svc.model_runner import SlotKVCache
 from inference_svc.prefix_cache import PrefixCache
 from inference_svc.sampling import GREEDY_TEMPERATURE_FLOOR, RowSampling
@@ -56,6 +57,20 @@ class RequestState:
     slot: int = -1
     reused: int = 0  # prompt tokens taken from the prefix cache
     matcher: Any = None  # the grammar's llguidance matcher of a constrained request (`grammar`), else None
+
+    def accept(self, token: int, logprob: float, version: int, max_context: int,
+               eos_ids: frozenset[int]) -> FinishReason | None:
+        """Appends a sampled token (its grammar's matcher advanced); why the request ends with it, if it does."""
+        self.cached_len = len(self.prompt) + len(self.out_ids)
+        self.out_ids.append(token)
+        self.logprobs.append(logprob)
+        self.versions.append(version)
+        grammar_done = self.matcher is not None and advance(self.matcher, token) and token in eos_ids
+        if token in self.stop_ids or grammar_done:
+            return FinishReason("stop", matched=token)
+        if len(self.out_ids) >= self.max_new_tokens or len(self.prompt) + len(self.out_ids) >= max_context:
+            return FinishReason("length", length=len(self.out_ids))
+        return None
 
     def uncached_tokens(self) -> list[int]:
         """The tokens to feed at the next step (without rebuilding prompt + output every step)."""

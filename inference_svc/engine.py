@@ -40,7 +40,7 @@ import torch
 
 from inference_svc.batching import Batch, Command, Inbox, RequestState, abort_reason, new_request, validate_request
 from inference_svc.config import InferenceConfig
-from inference_svc.grammar import GrammarCompiler, advance, mask_logits
+from inference_svc.grammar import GrammarCompiler, mask_logits
 from inference_svc.model_loading import DTYPES, eos_token_ids, load_model
 from inference_svc.model_runner import BatchRunner, SlotKVCache, model_shape
 from inference_svc.prefix_cache import PrefixCache
@@ -52,7 +52,6 @@ from schemas.inference.types import (
     MAX_WEIGHT_VERSION,
     PAUSE_MODES,
     EngineStats,
-    FinishReason,
     GenerationResult,
     SamplingOptions,
     WeightUpdateResult,
@@ -384,16 +383,9 @@ class NativeEngine(EngineControl):
         tokens, logprobs = sample_rows(logits, [s.sampling for s in group], uniforms)
         version = self._version
         for seq, tok, lp in zip(group, tokens.tolist(), logprobs.tolist(), strict=True):
-            seq.cached_len = len(seq.prompt) + len(seq.out_ids)
-            seq.out_ids.append(tok)
-            seq.logprobs.append(lp)
-            seq.versions.append(version)
             self._tokens_generated += 1
-            grammar_done = seq.matcher is not None and advance(seq.matcher, tok) and tok in self.eos_token_ids
-            if tok in seq.stop_ids or grammar_done:
-                self._batch.resolve(seq, FinishReason("stop", matched=tok), version)
-            elif len(seq.out_ids) >= seq.max_new_tokens or len(seq.prompt) + len(seq.out_ids) >= self.max_context:
-                self._batch.resolve(seq, FinishReason("length", length=len(seq.out_ids)), version)
+            if finish := seq.accept(tok, lp, version, self.max_context, self.eos_token_ids):
+                self._batch.resolve(seq, finish, version)
             elif seq.listener is not None:
                 self._notify(seq)
         self._tokens_by_version[version] = self._tokens_by_version.get(version, 0) + len(group)

@@ -167,14 +167,8 @@ class BatchRunner:
         hidden = self._embed(ids)
         cos, sin = self._rotary(hidden, positions)
         cos, sin = cos.unsqueeze(2), (sin * self._rope_sign).unsqueeze(2)  # [B, N, 1, D]: broadcast over heads
-        if decode:  # additive mask for the grouped scores [B * kv_heads, group, L], shared by every layer
-            shape = self.shape
-            mask = (
-                torch.zeros(allowed.shape, dtype=hidden.dtype, device=device)
-                .masked_fill_(~allowed, float("-inf"))
-                .expand(batch, shape.num_kv_heads, shape.num_heads // shape.num_kv_heads, kv_len)
-                .reshape(batch * shape.num_kv_heads, -1, kv_len)
-            )
+        if decode:
+            mask = self._decode_mask(allowed, hidden.dtype)
         for layer_idx, layer in enumerate(self._layers):
             cache_k, cache_v = self.cache.keys[layer_idx], self.cache.values[layer_idx]
             q, k, v = layer.project_qkv(hidden, cos, sin)  # [B, N, heads, D]
@@ -194,6 +188,16 @@ class BatchRunner:
         last = torch.tensor(lengths, device=device) - 1
         final = self._norm(hidden[torch.arange(batch, device=device), last])
         return self._lm_head(final).float().cpu()
+
+    def _decode_mask(self, allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The additive mask of the grouped decode scores [B * kv_heads, group, L], shared by every layer."""
+        batch, kv_len, shape = allowed.shape[0], allowed.shape[-1], self.shape
+        return (
+            torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+            .masked_fill_(~allowed, float("-inf"))
+            .expand(batch, shape.num_kv_heads, shape.num_heads // shape.num_kv_heads, kv_len)
+            .reshape(batch * shape.num_kv_heads, -1, kv_len)
+        )
 
 
 class _FusedLayer:

@@ -258,14 +258,7 @@ def run(
         with clock.phase("RL (train steps)"):
             ended_by = follow(config, monitor, launcher, cluster, faults)
         with clock.phase("end eval + drain + stop"):
-            launcher.stop("rollout-workers")
-            if config.eval.enabled and monitor.snapshot().steps >= config.run.max_steps:  # the end evaluation
-                monitor.wait_eval(config.run.max_steps, config.eval.end_timeout_s)
-            adapter_stats = _adapter_stats(specs, admin_key)
-            if unassembled := monitor.wait_assembled(60.0):
-                log.warning("calls in no trajectory at shutdown", extra={"calls": unassembled})
-            launcher.stop_all()
-            monitor.drain(5.0)
+            adapter_stats = wind_down(config, launcher, monitor, specs, admin_key)
         summarise(config, paths, monitor, ended_by, clock)
         return RunResult(paths.root, bus, adapter_stats, monitor.snapshot())
     finally:
@@ -274,6 +267,21 @@ def run(
             monitor.stop()
         if started_kafka:
             cluster.stop()
+
+
+def wind_down(config: RunConfig, launcher: Launcher, monitor: RunMonitor, specs: list[ServiceSpec],
+              admin_key: str) -> dict[str, object]:
+    """The end of a run: agents stopped, the end evaluation, the proxy drained (its counters returned), every
+    recorded call in a trajectory, the services stopped and the monitor's last events read."""
+    launcher.stop("rollout-workers")
+    if config.eval.enabled and monitor.snapshot().steps >= config.run.max_steps:  # the end evaluation
+        monitor.wait_eval(config.run.max_steps, config.eval.end_timeout_s)
+    adapter_stats = _adapter_stats(specs, admin_key)
+    if unassembled := monitor.wait_assembled(60.0):
+        log.warning("calls in no trajectory at shutdown", extra={"calls": unassembled})
+    launcher.stop_all()
+    monitor.drain(5.0)
+    return adapter_stats
 
 
 @dataclass(frozen=True)

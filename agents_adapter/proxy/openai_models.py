@@ -232,6 +232,11 @@ class TokenGenerateRequest(_Body):
     user: str | None = None
     metadata: dict[str, str] | None = None
 
+    def check_supported(self) -> None:
+        if self.sampling_params.structural_tag is not None or self.sampling_params.grammar_prefix_tokens:
+            raise unsupported("sampling_params", "structural_tag and grammar_prefix_tokens are not served here: "
+                                                 "send the grammar as json_schema, regex or ebnf")
+
 
 class _Rewarded(_Body):
     """A body carrying a reward: finite and within +-max_abs_reward, since the trainer turns rewards into

@@ -169,9 +169,7 @@ class AdapterService:
     async def generate(self, ctx: CallContext, req: TokenGenerateRequest) -> Served:
         self.check_model(req.model)
         params = req.sampling_params
-        if params.structural_tag is not None or params.grammar_prefix_tokens:
-            raise unsupported("sampling_params", "structural_tag and grammar_prefix_tokens are not served here: "
-                                                 "send the grammar as json_schema, regex or ebnf")
+        req.check_supported()
         async with self._request(ctx) as state:
             prompt = self.tito.token_prompt(state, req.input_ids)
             max_new = self._budget(len(prompt.ids), params.max_new_tokens, "sampling_params.max_new_tokens",
