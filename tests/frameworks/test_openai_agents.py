@@ -3,11 +3,13 @@ on `OpenAIResponsesModel` (the SDK's default) and once on `OpenAIChatCompletions
 
 Pointed at the proxy as a user would: an `AsyncOpenAI` client with the proxy's base URL, a key and the
 `X-Session-Id` header. The first turn forces a tool call (`tool_choice: "required"`, served by constrained
-decoding; the tool's one parameter is an enum, so the random model's call ends within `max_tokens`: ~80 tokens of the default tokenizer), so the agent runs its tool and sends the call and its result back: the second call continues the
-first. The SDK then resets `tool_choice` to auto (its default `reset_tool_choice`), and the random model's
-text ends the run. What the proxy guarantees is checked by `support.served_and_recorded`; a reply cut by
-`max_tokens` on the Responses API comes back `status: incomplete`, which this SDK raises on (as with
-OpenAI's own API): caught and said, the calls made are still checked.
+decoding; the tool's one parameter is an enum, so the random model's call ends within `max_tokens`: it
+takes ~80 tokens of the default tokenizer), so the agent runs its tool and sends the call and its result
+back: the second call continues the first. The SDK then resets `tool_choice` to auto (its default
+`reset_tool_choice`), and the random model's text ends the run. What the proxy guarantees is checked by
+`support.served_and_recorded`; a reply cut by `max_tokens` on the Responses API comes back `status:
+incomplete`, which this SDK raises on (as with OpenAI's own API): caught and said, the calls made are
+still checked.
 """
 
 from __future__ import annotations
