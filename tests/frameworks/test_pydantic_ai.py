@@ -1,0 +1,80 @@
+"""A stock pydantic-ai `Agent` with a tool through the capture proxy, on its OpenAI chat model
+(`OpenAIChatModel`) and its Responses model (`OpenAIResponsesModel`).
+
+Pointed at the proxy as a user would: an `OpenAIProvider` over an `AsyncOpenAI` client with the proxy's base
+URL, a key and the `X-Session-Id` header. The first step is given `tool_choice: "required"` (a per-step
+model setting; served by constrained decoding, the tool's parameter an enum so a call of the random model
+ends within `max_tokens`), so the agent runs its tool and sends the call and its result back; later steps
+are auto, and the random model's text ends the run (or the request limit does: `AgentRunError`s, caught
+and said). A second run goes on with the first's messages (`message_history`), its text answer
+included. What the proxy guarantees is checked by `support.served_and_recorded`, drift included: where
+pydantic-ai sends a served reply back otherwise than it was served, the proxy must flag that call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+import openai
+import pytest
+from pydantic_ai import Agent, RunContext
+from pydantic_ai.exceptions import AgentRunError
+from pydantic_ai.models.openai import OpenAIChatModel, OpenAIResponsesModel
+from pydantic_ai.providers.openai import OpenAIProvider
+from pydantic_ai.settings import ModelSettings
+from pydantic_ai.usage import UsageLimits
+
+from bus.config import BusConfig
+from tests.adapter.test_adapter_service import Proxy, start_proxy  # noqa: F401 (fixture)
+from tests.frameworks.support import KEY, Exchanges, served_and_recorded
+
+pytestmark = [pytest.mark.frameworks, pytest.mark.kafka]
+
+
+def get_weather(city: Literal["Paris", "London"]) -> str:
+    """Tells the weather in a city."""
+    return f"sunny in {city}"
+
+
+def first_step_calls_the_tool(ctx: RunContext[None]) -> ModelSettings:
+    """The model settings per step, as pydantic-ai lets an agent vary `tool_choice` (a static "required"
+    it refuses, since the agent could never answer): forced on the first step, auto after."""
+    return {"max_tokens": 128, "tool_choice": "required" if ctx.run_step <= 1 else "auto"}
+
+
+def driver(session: str, model_class: type[OpenAIChatModel | OpenAIResponsesModel],
+           ) -> Callable[[Proxy, Exchanges], str]:
+    def drive(proxy: Proxy, exchanges: Exchanges) -> str:
+        client = openai.AsyncOpenAI(base_url=f"{proxy.url}/v1", api_key=KEY, max_retries=0,
+                                    default_headers={"X-Session-Id": session}, http_client=exchanges.async_client())
+        model = model_class(proxy.model, provider=OpenAIProvider(openai_client=client))
+        agent = Agent(model, instructions="You tell the weather.", tools=[get_weather],
+                      model_settings=first_step_calls_the_tool)
+        limits = UsageLimits(request_limit=3)
+
+        async def conversation() -> str:
+            first = await agent.run("What is the weather in Paris?", usage_limits=limits)
+            # the conversation goes on: the earlier run's messages (its text answer included) sent back
+            second = await agent.run("And in London?", message_history=first.all_messages(), usage_limits=limits)
+            return f"answered: {first.output!r}, then {second.output!r}"
+
+        try:
+            return asyncio.run(conversation())
+        except AgentRunError as e:
+            return f"agent error: {type(e).__name__}: {e}"
+
+    return drive
+
+
+@pytest.mark.parametrize("model_class", [OpenAIChatModel, OpenAIResponsesModel], ids=["chat", "responses"])
+def test_pydantic_ai_agent_through_the_proxy(
+    bus_config: BusConfig, start_proxy: Callable[..., Proxy], engine_a: tuple[str, Any],  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, model_class: Any,
+) -> None:
+    session = f"pydantic-ai-{model_class.__name__}"
+    run = served_and_recorded(bus_config, start_proxy, engine_a, monkeypatch, tmp_path, session,
+                              driver(session, model_class))
+    assert len(run.calls) >= 2
