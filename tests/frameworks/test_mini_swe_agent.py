@@ -1,0 +1,63 @@
+"""A stock mini-swe-agent (`DefaultAgent`, its own `mini.yaml` templates, `LitellmModel`: litellm's OpenAI
+provider) through the capture proxy, on a trivial task in a scratch directory.
+
+Pointed at the proxy as a user would, in its model config: `model_name: openai/<served model>` and
+`model_kwargs` with `api_base`, `api_key` and the session header (`extra_headers`, which litellm sends as
+they are). Its HTTP exchanges are seen through litellm's own client hook (`litellm.client_session`). The
+agent's commands would run in its `LocalEnvironment` (a subprocess in the scratch directory, no sandbox):
+with `tool_choice` auto the random model never writes a parseable `bash` call, so each step is a format
+error the agent answers with its guidance message until `max_consecutive_format_errors` ends the run. It
+does not send back a reply that held no tool call, so every call after the first is a fresh prompt (no
+assistant turn: no parent, and no drift). What the proxy guarantees is checked by
+`support.served_and_recorded`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+import litellm
+import pytest
+import yaml
+from minisweagent.agents.default import DefaultAgent
+from minisweagent.environments.local import LocalEnvironment
+from minisweagent.models.litellm_model import LitellmModel
+
+from bus.config import BusConfig
+from tests.adapter.test_adapter_service import Proxy, start_proxy  # noqa: F401 (fixture)
+from tests.frameworks.support import KEY, Exchanges, served_and_recorded
+
+pytestmark = [pytest.mark.frameworks, pytest.mark.kafka]
+
+
+def driver(session: str, workdir: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[Proxy, Exchanges], str]:
+    def drive(proxy: Proxy, exchanges: Exchanges) -> str:
+        monkeypatch.setattr(litellm, "client_session", exchanges.client())
+        config = yaml.safe_load((files("minisweagent") / "config" / "mini.yaml").read_text())
+        model = LitellmModel(
+            model_name=f"openai/{proxy.model}", cost_tracking="ignore_errors",
+            **(config["model"] | {"model_kwargs": config["model"]["model_kwargs"] | {
+                "api_base": f"{proxy.url}/v1", "api_key": KEY, "extra_headers": {"X-Session-Id": session},
+                "max_tokens": 64, "num_retries": 0}}))
+        agent_config = {k: v for k, v in config["agent"].items() if k != "mode"}  # mode: the interactive agent's
+        agent = DefaultAgent(model, LocalEnvironment(cwd=str(workdir), timeout=5),
+                             **(agent_config | {"step_limit": 3, "max_consecutive_format_errors": 3}))
+        result = agent.run("Print the word hello.")
+        return f"agent ended: {result.get('exit_status')}"
+
+    return drive
+
+
+def test_mini_swe_agent_through_the_proxy(
+    bus_config: BusConfig, start_proxy: Callable[..., Proxy], engine_a: tuple[str, Any],  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+) -> None:
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    run = served_and_recorded(bus_config, start_proxy, engine_a, monkeypatch, tmp_path, "mini-swe",
+                              driver("mini-swe", workdir, monkeypatch))
+    assert len(run.calls) >= 2
+    assert all(a.request["tools"][0]["function"]["name"] == "bash" for a in run.exchanges)
