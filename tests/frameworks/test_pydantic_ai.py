@@ -6,9 +6,12 @@ URL, a key and the `X-Session-Id` header. The first step is given `tool_choice: 
 model setting; served by constrained decoding, the tool's parameter an enum so a call of the random model
 ends within `max_tokens`), so the agent runs its tool and sends the call and its result back; later steps
 are auto, and the random model's text ends the run (or the request limit does: `AgentRunError`s, caught
-and said). A second run goes on with the first's messages (`message_history`), its text answer
-included. What the proxy guarantees is checked by `support.served_and_recorded`, drift included: where
-pydantic-ai sends a served reply back otherwise than it was served, the proxy must flag that call.
+and said). A second run goes on with the first's messages (`message_history`), its text answer included.
+
+What the proxy guarantees is checked by `support.served_and_recorded`, drift included: with a history
+processor (`ProcessHistory`) that keeps the last messages only (`chat-trimmed`, as pydantic-ai's docs
+show one), the second run's prompts no longer extend what was served, and the proxy must flag exactly
+those calls (and no others).
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ from typing import Any, Literal
 import openai
 import pytest
 from pydantic_ai import Agent, RunContext
+from pydantic_ai.capabilities.process_history import ProcessHistory
 from pydantic_ai.exceptions import AgentRunError
+from pydantic_ai.messages import ModelMessage
 from pydantic_ai.models.openai import OpenAIChatModel, OpenAIResponsesModel
 from pydantic_ai.providers.openai import OpenAIProvider
 from pydantic_ai.settings import ModelSettings
@@ -45,14 +50,20 @@ def first_step_calls_the_tool(ctx: RunContext[None]) -> ModelSettings:
     return {"max_tokens": 128, "tool_choice": "required" if ctx.run_step <= 1 else "auto"}
 
 
-def driver(session: str, model_class: type[OpenAIChatModel | OpenAIResponsesModel],
+async def keep_recent_messages(messages: list[ModelMessage]) -> list[ModelMessage]:
+    """A history processor as pydantic-ai's docs show one (the last messages only): it rewrites history."""
+    return messages[-3:]
+
+
+def driver(session: str, model_class: type[OpenAIChatModel | OpenAIResponsesModel], trim: bool,
            ) -> Callable[[Proxy, Exchanges], str]:
     def drive(proxy: Proxy, exchanges: Exchanges) -> str:
         client = openai.AsyncOpenAI(base_url=f"{proxy.url}/v1", api_key=KEY, max_retries=0,
                                     default_headers={"X-Session-Id": session}, http_client=exchanges.async_client())
         model = model_class(proxy.model, provider=OpenAIProvider(openai_client=client))
         agent = Agent(model, instructions="You tell the weather.", tools=[get_weather],
-                      model_settings=first_step_calls_the_tool)
+                      model_settings=first_step_calls_the_tool,
+                      capabilities=[ProcessHistory(keep_recent_messages)] if trim else [])
         limits = UsageLimits(request_limit=3)
 
         async def conversation() -> str:
@@ -69,12 +80,15 @@ def driver(session: str, model_class: type[OpenAIChatModel | OpenAIResponsesMode
     return drive
 
 
-@pytest.mark.parametrize("model_class", [OpenAIChatModel, OpenAIResponsesModel], ids=["chat", "responses"])
+@pytest.mark.parametrize(("model_class", "trim"), [(OpenAIChatModel, False), (OpenAIResponsesModel, False),
+                                               (OpenAIChatModel, True)], ids=["chat", "responses", "chat-trimmed"])
 def test_pydantic_ai_agent_through_the_proxy(
     bus_config: BusConfig, start_proxy: Callable[..., Proxy], engine_a: tuple[str, Any],  # noqa: F811
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, model_class: Any,
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, model_class: Any, trim: bool,
 ) -> None:
-    session = f"pydantic-ai-{model_class.__name__}"
+    session = f"pydantic-ai-{model_class.__name__}-{trim}"
     run = served_and_recorded(bus_config, start_proxy, engine_a, monkeypatch, tmp_path, session,
-                              driver(session, model_class))
-    assert len(run.calls) >= 2
+                              driver(session, model_class, trim))
+    assert len(run.calls) >= 3
+    if trim:  # the second run's calls lost the served replies' context: drift there, flagged by the proxy
+        assert any(run.drifted) and not any(run.drifted[:2])
