@@ -52,8 +52,8 @@ class Exchanges:
     answers: list[Exchange] = field(default_factory=list)
 
     def _add(self, response: httpx.Response) -> None:
-        if response.request.method != "POST" or "/sessions/" in response.request.url.path:
-            return
+        if response.request.method != "POST" or "/v1/sessions/" in response.request.url.path:
+            return  # not a call: a session's end or reward
         self.answers.append(Exchange(response.status_code, response.request.url.path,
                                      json.loads(response.request.content or b"{}"), response.json()))
 
