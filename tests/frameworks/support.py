@@ -145,9 +145,14 @@ class Run:
     drifted: list[bool]  # per call, in turn order: what the proxy flagged
 
 
+Driver = Callable[[Proxy, Exchanges], str]
+#: `served_and_recorded` with the test's broker, proxy factory, engine and scratch: (session, driver) -> Run
+ThroughProxy = Callable[[str, Driver], Run]
+
+
 def served_and_recorded(bus: BusConfig, start_proxy: Callable[..., Proxy], engine_a: tuple[str, Any],
                         monkeypatch: pytest.MonkeyPatch, tmp_path: Path, session: str,
-                        drive: Callable[[Proxy, Exchanges], str]) -> Run:
+                        drive: Driver) -> Run:
     """Runs a stock agent (`drive`: builds it against the proxy, runs it, says how it ended) and checks what
     the proxy guarantees on the calls it made."""
     worker = Worker(bus, tmp_path / "data", tmp_path / "worker.log")

@@ -12,8 +12,7 @@ tool's results back. What the proxy guarantees is checked by `support.served_and
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import pytest
 from langchain_core.tools import tool
@@ -21,9 +20,8 @@ from langchain_openai import ChatOpenAI
 from langgraph.errors import GraphRecursionError
 from langgraph.prebuilt import create_react_agent
 
-from bus.config import BusConfig
-from tests.adapter.test_adapter_service import Proxy, start_proxy  # noqa: F401 (fixture)
-from tests.frameworks.support import KEY, Exchanges, served_and_recorded
+from tests.adapter.test_adapter_service import Proxy
+from tests.frameworks.support import KEY, Exchanges, ThroughProxy
 
 pytestmark = [pytest.mark.frameworks, pytest.mark.kafka]
 
@@ -51,12 +49,9 @@ def driver(session: str, responses: bool) -> Callable[[Proxy, Exchanges], str]:
 
 
 @pytest.mark.parametrize("responses", [False, True], ids=["chat", "responses"])
-def test_langgraph_react_agent_through_the_proxy(
-    bus_config: BusConfig, start_proxy: Callable[..., Proxy], engine_a: tuple[str, Any],  # noqa: F811
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, responses: bool,
-) -> None:
+def test_langgraph_react_agent_through_the_proxy(through_proxy: ThroughProxy, responses: bool) -> None:
     session = f"langgraph-{'responses' if responses else 'chat'}"
-    run = served_and_recorded(bus_config, start_proxy, engine_a, monkeypatch, tmp_path, session,
+    run = through_proxy(session,
                               driver(session, responses))
     assert len(run.calls) >= 2
     tool_turns = [a for a in run.exchanges if "tool" in str(a.request.get("messages", a.request.get("input")))]

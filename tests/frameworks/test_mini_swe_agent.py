@@ -18,7 +18,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from importlib.resources import files
 from pathlib import Path
-from typing import Any
 
 import litellm
 import pytest
@@ -27,9 +26,8 @@ from minisweagent.agents.default import DefaultAgent
 from minisweagent.environments.local import LocalEnvironment
 from minisweagent.models.litellm_model import LitellmModel
 
-from bus.config import BusConfig
-from tests.adapter.test_adapter_service import Proxy, start_proxy  # noqa: F401 (fixture)
-from tests.frameworks.support import KEY, Exchanges, served_and_recorded
+from tests.adapter.test_adapter_service import Proxy
+from tests.frameworks.support import KEY, Exchanges, ThroughProxy
 
 pytestmark = [pytest.mark.frameworks, pytest.mark.kafka]
 
@@ -55,14 +53,12 @@ def driver(session: str, workdir: Path, monkeypatch: pytest.MonkeyPatch, in_path
 
 
 @pytest.mark.parametrize("in_path", [False, True], ids=["session-header", "session-base-path"])
-def test_mini_swe_agent_through_the_proxy(
-    bus_config: BusConfig, start_proxy: Callable[..., Proxy], engine_a: tuple[str, Any],  # noqa: F811
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, in_path: bool,
-) -> None:
+def test_mini_swe_agent_through_the_proxy(through_proxy: ThroughProxy, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                          in_path: bool) -> None:
     workdir = tmp_path / "work"
     workdir.mkdir()
     session = f"mini-swe-{in_path}"
-    run = served_and_recorded(bus_config, start_proxy, engine_a, monkeypatch, tmp_path, session,
+    run = through_proxy(session,
                               driver(session, workdir, monkeypatch, in_path))
     assert all(("/sessions/" in a.path) == in_path for a in run.exchanges)
     assert len(run.calls) >= 2

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, Literal
 
 import openai
@@ -32,9 +31,8 @@ from agents import (
 )
 from agents.exceptions import AgentsException
 
-from bus.config import BusConfig
-from tests.adapter.test_adapter_service import Proxy, start_proxy  # noqa: F401 (fixture)
-from tests.frameworks.support import KEY, Exchanges, served_and_recorded
+from tests.adapter.test_adapter_service import Proxy
+from tests.frameworks.support import KEY, Exchanges, ThroughProxy
 
 pytestmark = [pytest.mark.frameworks, pytest.mark.kafka]
 
@@ -69,11 +67,8 @@ def driver(session: str, model_class: type[OpenAIResponsesModel | OpenAIChatComp
 
 @pytest.mark.parametrize("model_class", [OpenAIResponsesModel, OpenAIChatCompletionsModel],
                          ids=["responses", "chat"])
-def test_openai_agents_runner_through_the_proxy(
-    bus_config: BusConfig, start_proxy: Callable[..., Proxy], engine_a: tuple[str, Any],  # noqa: F811
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, model_class: Any,
-) -> None:
+def test_openai_agents_runner_through_the_proxy(through_proxy: ThroughProxy, model_class: Any) -> None:
     session = f"oai-agents-{model_class.__name__}"
-    run = served_and_recorded(bus_config, start_proxy, engine_a, monkeypatch, tmp_path, session,
+    run = through_proxy(session,
                               driver(session, model_class))
     assert len(run.calls) >= 2 and run.calls[1].parent_call_id == run.calls[0].call_id  # the tool turn continues

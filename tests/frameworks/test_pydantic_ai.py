@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, Literal
 
 import openai
@@ -32,9 +31,8 @@ from pydantic_ai.providers.openai import OpenAIProvider
 from pydantic_ai.settings import ModelSettings
 from pydantic_ai.usage import UsageLimits
 
-from bus.config import BusConfig
-from tests.adapter.test_adapter_service import Proxy, start_proxy  # noqa: F401 (fixture)
-from tests.frameworks.support import KEY, Exchanges, served_and_recorded
+from tests.adapter.test_adapter_service import Proxy
+from tests.frameworks.support import KEY, Exchanges, ThroughProxy
 
 pytestmark = [pytest.mark.frameworks, pytest.mark.kafka]
 
@@ -82,12 +80,9 @@ def driver(session: str, model_class: type[OpenAIChatModel | OpenAIResponsesMode
 
 @pytest.mark.parametrize(("model_class", "trim"), [(OpenAIChatModel, False), (OpenAIResponsesModel, False),
                                                (OpenAIChatModel, True)], ids=["chat", "responses", "chat-trimmed"])
-def test_pydantic_ai_agent_through_the_proxy(
-    bus_config: BusConfig, start_proxy: Callable[..., Proxy], engine_a: tuple[str, Any],  # noqa: F811
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, model_class: Any, trim: bool,
-) -> None:
+def test_pydantic_ai_agent_through_the_proxy(through_proxy: ThroughProxy, model_class: Any, trim: bool) -> None:
     session = f"pydantic-ai-{model_class.__name__}-{trim}"
-    run = served_and_recorded(bus_config, start_proxy, engine_a, monkeypatch, tmp_path, session,
+    run = through_proxy(session,
                               driver(session, model_class, trim))
     assert len(run.calls) >= 3
     if trim:  # the second run's calls lost the served replies' context: drift there, flagged by the proxy

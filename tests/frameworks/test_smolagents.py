@@ -14,16 +14,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
 import smolagents
 from smolagents import CodeAgent, OpenAIModel, ToolCallingAgent, tool
 
-from bus.config import BusConfig
-from tests.adapter.test_adapter_service import Proxy, start_proxy  # noqa: F401 (fixture)
-from tests.frameworks.support import KEY, Exchanges, served_and_recorded
+from tests.adapter.test_adapter_service import Proxy
+from tests.frameworks.support import KEY, Exchanges, ThroughProxy
 
 pytestmark = [pytest.mark.frameworks, pytest.mark.kafka]
 
@@ -57,11 +55,8 @@ def driver(session: str, make_agent: Callable[[OpenAIModel], Any]) -> Callable[[
     return drive
 
 
-def test_stock_tool_calling_agent_gets_forced_tool_calls(
-    bus_config: BusConfig, start_proxy: Callable[..., Proxy], engine_a: tuple[str, Any],  # noqa: F811
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
-) -> None:
-    run = served_and_recorded(bus_config, start_proxy, engine_a, monkeypatch, tmp_path, "smol-tools", driver(
+def test_stock_tool_calling_agent_gets_forced_tool_calls(through_proxy: ThroughProxy) -> None:
+    run = through_proxy("smol-tools", driver(
         "smol-tools", lambda model: ToolCallingAgent(tools=[get_weather], model=model, max_steps=3)))
     forced = [(a.request, a.body) for a in run.exchanges if a.request.get("tool_choice") == "required"]
     assert forced, "the stock ToolCallingAgent asks for tool_choice='required'"
@@ -77,10 +72,7 @@ def test_stock_tool_calling_agent_gets_forced_tool_calls(
           f"{sum(b['choices'][0]['finish_reason'] == 'tool_calls' for _, b in forced)}")
 
 
-def test_stock_code_agent_with_its_long_system_prompt_is_served(
-    bus_config: BusConfig, start_proxy: Callable[..., Proxy], engine_a: tuple[str, Any],  # noqa: F811
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
-) -> None:
-    run = served_and_recorded(bus_config, start_proxy, engine_a, monkeypatch, tmp_path, "smol-code", driver(
+def test_stock_code_agent_with_its_long_system_prompt_is_served(through_proxy: ThroughProxy) -> None:
+    run = through_proxy("smol-code", driver(
         "smol-code", lambda model: CodeAgent(tools=[get_weather], model=model, max_steps=2)))
     assert len(run.calls[0].prompt_ids) > 4096  # the old context would have refused it
