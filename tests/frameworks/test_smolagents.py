@@ -7,7 +7,10 @@ context). The model is the random-weights default model, so what the agent makes
 asserted (its code never runs; a step may fail to parse and the agent goes on to its next step or its
 final answer): what the proxy guarantees is. Every request is answered (no 4xx), every call is recorded
 once on `llm.calls` with the prompt the engine read and the tokens it wrote, each forced tool call is a
-parseable call of one of the agent's tools, and the session becomes a trajectory holding every call.
+parseable call of one of the agent's tools, the session becomes a trajectory holding every call, and drift
+is flagged exactly where the agent rewrote history (`support.served_and_recorded`): `CodeAgent` sends its
+replies back rewritten (the code block's closing tag appended, stripped), so its calls after the first
+are drift.
 """
 
 from __future__ import annotations
@@ -76,3 +79,4 @@ def test_stock_code_agent_with_its_long_system_prompt_is_served(through_proxy: T
     run = through_proxy("smol-code", driver(
         "smol-code", lambda model: CodeAgent(tools=[get_weather], model=model, max_steps=2)))
     assert len(run.calls[0].prompt_ids) > 4096  # the old context would have refused it
+    assert run.drifted[1:] and all(run.drifted[1:])  # its replies come back rewritten
