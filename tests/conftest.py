@@ -46,7 +46,8 @@ def workdir(tmp_path: Path) -> Path:
 
 
 #: The agent frameworks tests/frameworks runs (the `frameworks` extra); their versions head every test run.
-FRAMEWORKS = ("smolagents",)
+FRAMEWORKS = ("smolagents", "openai-agents", "langgraph", "langchain-openai", "pydantic-ai-slim", "mini-swe-agent",
+              "litellm")
 
 
 def pytest_report_header() -> str:

@@ -16,6 +16,9 @@ Endpoints (agent key = `Authorization: Bearer <key>`; admin key likewise):
   GET  /admin/stats                    counters, drift per agent, sessions, routing table (admin key)
   GET  /metrics                        Prometheus series `sflow_proxy_*` (bus.metrics; no key, like /health)
   POST /admin/drain                    stop taking calls, wait for those in flight (admin key)
+  /sessions/{id}/v1/...                any of the /v1 routes above, in session {id} (for agents that
+                                       cannot send `X-Session-Id`: their base URL names the session;
+                                       `asgi.session_base_path`)
 
 Sessions and the order of a request's checks: `http_requests`. Every failure becomes an OpenAI error
 body {"error": {"message", "type", "param", "code"}} in one function,

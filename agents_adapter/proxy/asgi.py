@@ -2,11 +2,17 @@
 
 `error_response` turns every failure into OpenAI's error body; `ProxyApp` is the FastAPI app with the
 call routes (`FAST_ROUTES`) dispatched by (method, path) before Starlette's middleware and routing.
+
+A per-session base path, for agents that cannot send the `X-Session-Id` header: `/sessions/{id}/v1/...`
+is served as `/v1/...` with `X-Session-Id: {id}` (the path's id replaces a header the request carries),
+so an agent's base URL `<proxy>/sessions/{id}/v1` puts every call it makes in that session, as other
+gateways' per-session routes do (`session_base_path`).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -31,6 +37,21 @@ def error_response(exc: BaseException) -> Response:
     return Response(json.dumps(body), status_code=error.status, headers=headers, media_type="application/json")
 
 
+_SESSION_PATH = re.compile(r"/sessions/([^/]+)(/v1/.*)")
+
+
+def session_base_path(scope: Any) -> Any:
+    """An HTTP scope under `/sessions/{id}/v1/` as the scope of its `/v1/` path with `X-Session-Id: {id}`
+    (the same scope when the path has no session prefix)."""
+    match = _SESSION_PATH.fullmatch(scope.get("path", "")) if scope["type"] == "http" else None
+    if match is None:
+        return scope
+    session, path = match.groups()
+    headers = [(k, v) for k, v in scope.get("headers", ()) if k.lower() != b"x-session-id"]
+    return scope | {"path": path, "raw_path": path.encode("utf-8"),
+                    "headers": [*headers, (b"x-session-id", session.encode("utf-8"))]}
+
+
 #: The call routes, served ahead of FastAPI's routing and middleware (`ProxyApp`).
 FAST_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/generate", "/v1/responses", "/v1/messages")
 
@@ -49,6 +70,7 @@ class ProxyApp(FastAPI):
     fast_routes: dict[tuple[str, str], Callable[[Request], Awaitable[Response]]]
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        scope = session_base_path(scope)
         endpoint = self.fast_routes.get((scope.get("method", ""), scope.get("path", ""))) if (
             scope["type"] == "http" and not scope.get("root_path")) else None
         if endpoint is None:

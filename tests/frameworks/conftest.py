@@ -3,8 +3,9 @@ the capture proxy in front of it, as a new user points a stock agent framework a
 
 from __future__ import annotations
 
+import functools
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +16,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from agents_adapter.proxy.chat_codec import ChatCodec
+from bus.config import BusConfig
 from inference_svc.default_model import DefaultModelSpec, create_default_model
 from tests.adapter.support import free_port, serve
+from tests.adapter.test_adapter_service import Proxy, start_proxy  # noqa: F401 (fixture)
+from tests.frameworks.support import ThroughProxy, served_and_recorded
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -47,3 +51,10 @@ def engine_a(tiny_model_dir: Path) -> Iterator[tuple[str, Any]]:
     app = create_app(config)
     with serve(app, config.port) as url:
         yield url, app.state.engine
+
+
+@pytest.fixture
+def through_proxy(bus_config: BusConfig, start_proxy: Callable[..., Proxy],  # noqa: F811
+                  engine_a: tuple[str, Any], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> ThroughProxy:
+    """Runs a stock agent through a fresh proxy and checks the proxy's guarantees (`support`)."""
+    return functools.partial(served_and_recorded, bus_config, start_proxy, engine_a, monkeypatch, tmp_path)
