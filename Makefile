@@ -7,6 +7,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
+DEV_STAMP := $(VENV)/.installed-dev
 JARS := infra/kafka/lib/.resolved
 OPS := .cache/torch_extensions/.built
 export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
@@ -23,12 +24,17 @@ help:
 	@echo "make up / make down - start / stop the local Kafka stack"
 	@echo "make bench  - run the benchmarks under bench/"
 
+# What a run needs (`make demo`); the tests, linters and agent frameworks come on top (`make test`).
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip setuptools wheel
-	$(PIP) install -q -e '.[dev,frameworks]'
+	$(PIP) install -q -e .
 	# DeepSpeed ships an sdist that imports torch while building: install it after torch.
 	$(PIP) install -q --no-build-isolation 'deepspeed>=0.14'
+	@touch $@
+
+$(DEV_STAMP): $(STAMP)
+	$(PIP) install -q -e '.[dev,frameworks]'
 	@touch $@
 
 # DeepSpeed's CPU ops are JIT-built on first use (~1 min); built here, a first train step does not pay for it.
@@ -56,17 +62,17 @@ packages:
 	  $(APT_INSTALL) $(DEBIAN_PACKAGES) >/dev/null 2>&1; } || \
 	  echo "Debian packages $(DEBIAN_PACKAGES) not installed (needs apt and root): their tests will skip"; }
 
-lint: $(STAMP)
+lint: $(DEV_STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mypy schemas bus infra agents_adapter inference_svc scheduler_svc trainer_svc examples
 
-test: $(STAMP) $(OPS) $(JARS) packages
+test: $(DEV_STAMP) $(OPS) $(JARS) packages
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -m "not gpu" --durations=30 tests
 
-test-fast: $(STAMP) $(JARS)
+test-fast: $(DEV_STAMP) $(JARS)
 	$(PY) -m pytest -m "unit" tests
 
 up: $(STAMP) $(JARS)
@@ -84,7 +90,7 @@ demo:
 
 # Servers the benches start, not benches themselves.
 BENCH_SERVERS := bench/proxy_floor.py bench/fake_upstream.py
-bench: $(STAMP) $(JARS)
+bench: $(DEV_STAMP) $(JARS)
 	$(PIP) install -q -e '.[peers]'  # the peers bench/vs_gateways.py measures against
 	@for b in $(filter-out $(BENCH_SERVERS),$(wildcard bench/*.py)); do echo "== $$b"; $(PY) $$b || exit 1; done
 
