@@ -103,6 +103,23 @@ class CalculatorAgent:
         return result
 
 
+
+class DirectAgent(CalculatorAgent):
+    """Single-turn: one reply with no tool offered, its text the answer (the seed paper's §5.1.1 setting;
+    bench/vs_trl.py trains it against TRL). A reply that still writes a tool call answers nothing."""
+
+    def _request(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
+        request = super()._request(messages)
+        del request["tools"]
+        return request
+
+    def _observe(self, result: EpisodeResult, messages: list[dict[str, Any]], message: Any) -> bool:
+        result.turns += 1
+        result.answered = not message.tool_calls
+        result.answer = (message.content or "") if result.answered else ""
+        messages.append({"role": "assistant", "content": result.answer})
+        return True
+
 def run_episode(base_url: str, api_key: str, task: ArithmeticTask, agent: CalculatorAgent,
                 group_id: str = "") -> EpisodeResult:
     """One session: run the agent, verify, report the reward (status failed if the agent raised)."""
