@@ -254,7 +254,7 @@ def program(args: Sequence[str]) -> str:
         return PROGRAMS.get(module, module)
     if any(a.endswith("kafka.Kafka") for a in args):
         return "broker"
-    return "bench (this process: monitor, evaluator)"
+    return "driver (sflow train's process: run monitor)"
 
 
 class ProcessCpu:
@@ -357,7 +357,9 @@ def run_trl(settings: JobSettings, model: Path, rows: list[dict[str, Any]], out:
     spec_file = out / "spec.json"
     spec_file.write_text(json.dumps(spec))
     before, t0 = cpu.totals(), time.monotonic()
-    subprocess.run([sys.executable, __file__, "--trl-worker", str(spec_file)], check=True)
+    with (out / "trl.log").open("w") as log:  # its per-step logs: a file, not this table
+        subprocess.run([sys.executable, __file__, "--trl-worker", str(spec_file)], check=True, stdout=log,
+                       stderr=subprocess.STDOUT)
     wall = time.monotonic() - t0
     record = json.loads((out / "result.json").read_text())
     checkpoints = {int(step): (out / f"checkpoint-{step}", float(s)) for step, s in record["saved"].items()}
@@ -382,7 +384,7 @@ def run_seamlessflow(config: RunConfig, runs_root: Path, save_every: int, cpu: P
     weights = result.root / "weights" / config.name
     checkpoints = {}
     for step in range(save_every, config.run.max_steps + 1, save_every):
-        directory = weights / f"v{step}"
+        directory = weights / f"v{step:06d}"  # trainer_svc.service.checkpoint_dir
         if (directory / "model.safetensors").exists():
             checkpoints[step] = (directory, (directory / "model.safetensors").stat().st_mtime - t0_wall)
     state = result.state
