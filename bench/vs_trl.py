@@ -158,7 +158,7 @@ def train_rows(config: RunConfig) -> list[dict[str, Any]]:
     example = config.example
     assert example.tasks is not None
     tasks = load_reference(example.tasks)(config.tasks.count, config.tasks.seed, **example.tasks_options)
-    return task_rows(tasks, example.tasks)
+    return task_rows(tasks, f"example.tasks={example.tasks!r}")
 
 
 def eval_rows(config: RunConfig) -> list[dict[str, Any]]:
@@ -168,7 +168,8 @@ def eval_rows(config: RunConfig) -> list[dict[str, Any]]:
     example = config.example
     assert example.tasks is not None
     generator = load_reference(example.tasks)
-    return held_out_rows(lambda n, seed: task_rows(generator(n, seed, **example.tasks_options), example.tasks),
+    source = f"example.tasks={example.tasks!r}"
+    return held_out_rows(lambda n, seed: task_rows(generator(n, seed, **example.tasks_options), source),
                          config.eval.tasks, config.eval.seed, train_rows(config))
 
 
@@ -322,24 +323,24 @@ def trl_worker(spec_file: Path) -> None:
     dataset = Dataset.from_list([{"prompt": prompt_of(r["question"]), "answer": float(r["answer"])}
                                  for r in spec["train_rows"]])
 
-    def correct(completion_ids: list[list[int]], answer: list[float], **_: Any) -> list[float]:
+    def correct(completion_ids: list[list[int]], answer: list[float], **_: Any) -> list[float | None]:
         texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=False)
         return [reply_score(t.split("<|im_end|>")[0], a) for t, a in zip(texts, answer, strict=True)]
 
     record: dict[str, Any] = {"saved": {}, "tokens": 0, "samples": 0}
 
-    class Timing(TrainerCallback):  # type: ignore[misc]
-        def on_train_begin(self, *_: Any, **__: Any) -> None:
+    class Timing(TrainerCallback):
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             record["loop_start_s"] = time.monotonic() - t0
 
-        def on_log(self, _args: Any, state: Any, _control: Any, logs: dict[str, float] | None = None,
-                   **__: Any) -> None:
-            if logs and "completions/mean_length" in logs:
+        def on_log(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            logs = kwargs.get("logs") or {}
+            if "completions/mean_length" in logs:
                 batch = settings.group_size * settings.groups_per_step
                 record["tokens"] += round(logs["completions/mean_length"] * batch)
                 record["samples"] += batch
 
-        def on_save(self, _args: Any, state: Any, *_: Any, **__: Any) -> None:
+        def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             record["saved"][state.global_step] = time.monotonic() - t0
 
     trainer = GRPOTrainer(model=model, reward_funcs=correct, args=GRPOConfig(**spec["grpo_args"]),
