@@ -1,9 +1,15 @@
 """Side by side with TRL: the same GRPO job trained by TRL's GRPOTrainer and by SeamlessFlow, one after the
 other in one run, on this machine (issue 38).
 
-Single-turn workload (the seed paper's §5.1.1): the demo's calculator tasks answered in one reply, no tool
-offered (SeamlessFlow: `examples.calculator.agent:DirectAgent`, reward `examples.calculator.reward:correct`;
-TRL: a conversational dataset of the same [system, user] prompts and the same verifier on the reply).
+Two workloads on the demo's calculator tasks:
+- single-turn (the seed paper's §5.1.1): the answer in one reply, no tool offered (SeamlessFlow:
+  `examples.calculator.agent:DirectAgent`, reward `examples.calculator.reward:correct`; TRL: a
+  conversational dataset of the same [system, user] prompts and the same verifier on the reply);
+- multi-turn tool (§5.1.2): the demo's job as it is (SeamlessFlow: the calculator agent, shaped reward, up to
+  `agent.max_turns` calls); TRL: `tools=[calculator]` (the same tool runner and schema), its replies parsed
+  with TRL's Qwen3 response template (read from the installed trl: the demo's ChatML writes tool calls in
+  the Hermes/Qwen form, and its template is prefix-preserving, which TRL checks), and the same shaped reward
+  computed from the conversation.
 Both start from the demo's cached warm-up (one Hugging Face directory: weights, tokenizer, chat template),
 and every setting TRL has is taken from the demo's run config (`job_settings`, `grpo_args`); what cannot be
 matched is printed (`UNMATCHED`).
@@ -13,10 +19,11 @@ applied in this process to the checkpoints each system wrote (TRL's `checkpoint-
 `weights/<run>/v<N>`), each checkpoint timed by when it was written since its system's start. Printed per
 system: held-out accuracy against wall time, wall time to reach `--target`, samples/s, generated tokens/s,
 CPU seconds by process (this process's descendants only: the machine may be shared). Final lines:
-`ratio time-to-accuracy TRL / SeamlessFlow (single-turn): N.NNx`, `ratio samples/s SeamlessFlow / TRL
-(single-turn): N.NNx`.
+`ratio time-to-accuracy TRL / SeamlessFlow (<workload>): N.NNx`, `ratio samples/s SeamlessFlow / TRL
+(<workload>): N.NNx`, per workload.
 
-    .venv/bin/python bench/vs_trl.py [--steps 40] [--eval-every 5] [--target 0.3]
+    .venv/bin/python bench/vs_trl.py [--workload single-turn|multi-turn|both] [--steps 40] [--eval-every 5]
+        [--target 0.3]
 
 TRL runs in a child process (`--trl-worker`), with torch on both cores; SeamlessFlow runs as `sflow train`
 does (infra.demo.run: engines pinned one per core, the trainer on r1's core) on one broker started first.
@@ -34,18 +41,20 @@ import tempfile
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from examples.calculator.agent import SYSTEM_PROMPT
+from examples.calculator.agent import SYSTEM_PROMPT, EpisodeResult
+from examples.calculator.reward import shaped_reward
 from examples.calculator.tasks import ArithmeticTask
+from examples.calculator.tool import CALCULATOR, CALCULATOR_TOOL, run_tool
 from examples.calculator.verifier import verify
 from infra.example import load_reference
 from infra.run_config import RunConfig
@@ -53,7 +62,9 @@ from infra.run_inputs import task_rows
 
 DEMO_CONFIG = Path(__file__).resolve().parents[1] / "infra" / "configs" / "demo.yaml"
 TOOL_CALL_MARK = "<tool_call>"
-WORKLOAD = "single-turn"
+SINGLE, MULTI = "single-turn", "multi-turn tool"
+WORKLOADS = {"single-turn": (SINGLE,), "multi-turn": (MULTI,), "both": (SINGLE, MULTI)}
+STOP_TOKENS = ("<|im_end|>", "<|endoftext|>")
 # SeamlessFlow's loss aggregation -> TRL's loss_type with the same normalisation when a train step is one
 # TRL batch (gradient_accumulation_steps 1): "grpo" averages each sequence's token losses then the sequences
 # (trl/trainer/grpo_trainer.py, `loss_type in ["grpo", "sapo"]`), "bnpo" divides by the batch's tokens,
@@ -72,6 +83,24 @@ UNMATCHED = (
     "transformers.generate on the whole step's batch (padded), its own RNG",
     "sampling RNG: the same seeds give different samples in the two systems",
 )
+UNMATCHED_MULTI = (
+    "max tokens: SeamlessFlow's agent.max_tokens bounds each call; TRL's max_completion_length bounds the whole "
+    "episode (model tokens and tool results): set to max_tokens x max_turns",
+    "turns: SeamlessFlow's agent stops after agent.max_turns replies; TRL after max_tool_calling_iterations = "
+    "max_turns - 1 tool rounds (the same number of replies)",
+    "tool-call parsing: SeamlessFlow's capture proxy parses the replies; TRL (and this bench's evaluator) with "
+    "transformers' parse_response and TRL's Qwen3 response template: a malformed call may be read differently",
+)
+
+
+def calculator(expression: str) -> str:
+    """Evaluate an arithmetic expression (+, -, *, /, //, %, **, parentheses).
+
+    Args:
+        expression: e.g. (12 + 7) * 3
+    """
+    return run_tool(CALCULATOR, json.dumps({"expression": expression}))[0]
+
 
 
 @dataclass(frozen=True)
@@ -88,9 +117,11 @@ class JobSettings:
     normalize_std: bool
     overlong_mask: bool
     max_tokens: int
+    max_turns: int
     temperature: float
     steps: int
     seed: int
+    workload: str
 
     @property
     def trl_loss_type(self) -> str:
@@ -107,8 +138,8 @@ def job_settings(config: RunConfig) -> JobSettings:
         learning_rate=config.trainer.learning_rate, aggregation=algorithm.aggregation, clip_low=algorithm.clip_eps,
         clip_high=algorithm.clip_eps_high or algorithm.clip_eps, kl_coef=algorithm.kl_coef,
         normalize_std=algorithm.normalize_std, overlong_mask=algorithm.overlong_mask,
-        max_tokens=config.agent.max_tokens, temperature=config.agent.temperature, steps=config.run.max_steps,
-        seed=config.seed)
+        max_tokens=config.agent.max_tokens, max_turns=config.agent.max_turns, temperature=config.agent.temperature,
+        steps=config.run.max_steps, seed=config.seed, workload=SINGLE if config.agent.max_turns == 1 else MULTI)
 
 
 def grpo_args(s: JobSettings, output_dir: Path, save_every: int) -> dict[str, Any]:
@@ -116,7 +147,8 @@ def grpo_args(s: JobSettings, output_dir: Path, save_every: int) -> dict[str, An
     of groups_per_step groups of group_size samples; AdamW with the trainer's defaults (betas 0.9/0.999, eps
     1e-8, no weight decay, gradient norm clipped at 1.0: TRL's defaults too), constant learning rate."""
     batch = s.group_size * s.groups_per_step
-    return {
+    multi = {"max_tool_calling_iterations": s.max_turns - 1} if s.workload == MULTI else {}
+    return {**multi,
         "output_dir": str(output_dir), "use_cpu": True, "report_to": "none", "disable_tqdm": True,
         "seed": s.seed, "max_steps": s.steps, "logging_steps": 1,
         "save_strategy": "steps", "save_steps": save_every, "save_only_model": True,
@@ -126,7 +158,7 @@ def grpo_args(s: JobSettings, output_dir: Path, save_every: int) -> dict[str, An
         "adam_beta1": 0.9, "adam_beta2": 0.999, "adam_epsilon": 1e-8, "max_grad_norm": 1.0,
         "loss_type": s.trl_loss_type, "epsilon": s.clip_low, "epsilon_high": s.clip_high, "beta": s.kl_coef,
         "scale_rewards": "group" if s.normalize_std else "none", "mask_truncated_completions": s.overlong_mask,
-        "max_completion_length": s.max_tokens, "temperature": s.temperature, "top_p": 1.0,
+        "max_completion_length": s.max_tokens * s.max_turns, "temperature": s.temperature, "top_p": 1.0,
         "use_vllm": False, "bf16": False, "dataloader_num_workers": 0,
     }
 
@@ -143,15 +175,41 @@ def prompt_of(question: str) -> list[dict[str, str]]:
     return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": question}]
 
 
-def single_turn_config(base: RunConfig, steps: int) -> RunConfig:
+def workload_config(base: RunConfig, workload: str, steps: int) -> RunConfig:
+    """The demo's job for a workload: single-turn with the direct agent and the correctness reward, multi-turn
+    as the demo runs it; evaluated here (not by the run's own evaluator), for `steps` train steps."""
     data = base.model_dump(mode="json")
-    data["name"] = "vs-trl-single"
-    data["example"] = {**data["example"], "agent": "examples.calculator.agent:DirectAgent",
-                       "reward": "examples.calculator.reward:correct"}
-    data["agent"] = {**data["agent"], "max_turns": 1}
+    data["name"] = "vs-trl-single" if workload == SINGLE else "vs-trl-multi"
+    if workload == SINGLE:
+        data["example"] = {**data["example"], "agent": "examples.calculator.agent:DirectAgent",
+                           "reward": "examples.calculator.reward:correct"}
+        data["agent"] = {**data["agent"], "max_turns": 1}
     data["eval"] = {**data["eval"], "enabled": False}  # evaluated here, on the checkpoints, as TRL's are
     data["run"] = {**data["run"], "max_steps": steps, "max_minutes": 60}
     return RunConfig.model_validate(data)
+
+
+def episode_of(messages: Sequence[Mapping[str, Any]]) -> EpisodeResult:
+    """The calculator agent's episode (what the shaped reward reads) from a conversation's generated part:
+    assistant replies and tool results, as TRL's completions and this bench's evaluator hold them."""
+    result = EpisodeResult("", "")
+    for message in messages:
+        content = message.get("content")
+        text = content if isinstance(content, str) else ("" if content is None else json.dumps(content))
+        if message["role"] == "assistant":
+            result.turns += 1
+            if not message.get("tool_calls"):
+                result.answer, result.answered = text, True
+        elif message["role"] == "tool":
+            ok = not (text.startswith("error") or text.startswith('{"error"') or text.startswith("{'error'"))
+            result.tool_calls += 1
+            result.tool_errors += 0 if ok else 1
+            result.last_tool_output = text if ok else ""
+    return result
+
+
+def task_of(row: Mapping[str, Any]) -> ArithmeticTask:
+    return ArithmeticTask(str(row.get("task_id", "")), str(row["question"]), float(row["answer"]))
 
 
 def train_rows(config: RunConfig) -> list[dict[str, Any]]:
@@ -174,43 +232,92 @@ def eval_rows(config: RunConfig) -> list[dict[str, Any]]:
 
 
 class HeldOutEvaluator:
-    """Greedy held-out accuracy of a checkpoint: one batched `generate` over every held-out prompt (left
-    padded), each reply cut at the chat format's end token and scored by `reply_score`."""
+    """Greedy held-out accuracy of a checkpoint, the same code for both systems' checkpoints. Single-turn: one
+    batched `generate` over every held-out prompt (left padded), each reply cut at the chat format's end and
+    scored by `reply_score`. Multi-turn: the calculator agent's loop (at most `max_turns` replies, the tool run
+    on each parsed call) over every task at once, each turn one batched `generate`, the final answer scored by
+    the verifier (the demo's held-out score, `examples.calculator.reward:correct`)."""
 
-    def __init__(self, tokenizer_dir: Path, rows: Sequence[Mapping[str, Any]], max_tokens: int) -> None:
+    def __init__(self, tokenizer_dir: Path, rows: Sequence[Mapping[str, Any]], max_tokens: int, workload: str = SINGLE,
+                 max_turns: int = 1) -> None:
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
         self.tokenizer.padding_side = "left"
-        self.rows = list(rows)
-        self.max_tokens = max_tokens
-        texts = [self.tokenizer.apply_chat_template(prompt_of(r["question"]), tokenize=False,
-                                                    add_generation_prompt=True) for r in self.rows]
-        self.inputs = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-        self.stop_ids = [i for t in ("<|im_end|>", "<|endoftext|>")
-                         if (i := self.tokenizer.convert_tokens_to_ids(t)) is not None]
+        if workload == MULTI:
+            from trl.chat_template_utils import qwen3_template
 
-    def replies(self, checkpoint: Path) -> list[str]:
+            self.tokenizer.response_template = qwen3_template  # the parser TRL's tool loop uses
+        self.rows, self.max_tokens, self.workload, self.max_turns = list(rows), max_tokens, workload, max_turns
+        self.stop_ids: list[int] = cast(list[int], self.tokenizer.convert_tokens_to_ids(list(STOP_TOKENS)))
+
+    def _generate(self, model: Any, conversations: Sequence[list[dict[str, Any]]]) -> list[tuple[list[int], list[int]]]:
+        """(prompt ids, reply ids cut before the end token) of each conversation's next reply, greedy."""
+        import torch
+
+        tools: list[dict[Any, Any] | Callable[..., Any]] | None = [CALCULATOR_TOOL] if self.workload == MULTI else None
+        texts = [self.tokenizer.apply_chat_template(c, tools=tools, tokenize=False, add_generation_prompt=True)
+                 for c in conversations]
+        inputs = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+        with torch.inference_mode():
+            out = model.generate(**inputs, do_sample=False, max_new_tokens=self.max_tokens,
+                                 eos_token_id=self.stop_ids, pad_token_id=self.tokenizer.pad_token_id)
+        width = inputs["input_ids"].shape[1]
+        pairs = []
+        for row, mask, ids in zip(inputs["input_ids"].tolist(), inputs["attention_mask"].tolist(),
+                                  out[:, width:].tolist(), strict=True):
+            stop = next((i for i, t in enumerate(ids) if t in self.stop_ids), len(ids))
+            pairs.append(([t for t, m in zip(row, mask, strict=True) if m], ids[:stop]))
+        return pairs
+
+    def _load(self, checkpoint: Path) -> Any:
         import torch
         from transformers import AutoModelForCausalLM
 
-        model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
-        with torch.inference_mode():
-            out = model.generate(**self.inputs, do_sample=False, max_new_tokens=self.max_tokens,
-                                 eos_token_id=self.stop_ids, pad_token_id=self.tokenizer.pad_token_id)
-        generated = out[:, self.inputs["input_ids"].shape[1]:]
-        return [self._reply(ids) for ids in generated.tolist()]
+        return AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
 
-    def _reply(self, ids: list[int]) -> str:
-        for i, token in enumerate(ids):
-            if token in self.stop_ids:
-                ids = ids[:i]
+    def replies(self, checkpoint: Path) -> list[str]:
+        pairs = self._generate(self._load(checkpoint), [prompt_of(r["question"]) for r in self.rows])
+        return [str(self.tokenizer.decode(ids, skip_special_tokens=False)) for _, ids in pairs]
+
+    def episodes(self, checkpoint: Path) -> list[EpisodeResult]:
+        model = self._load(checkpoint)
+        conversations: list[list[dict[str, Any]]] = [prompt_of(r["question"]) for r in self.rows]
+        active = list(range(len(conversations)))
+        for _ in range(self.max_turns):
+            if not active:
                 break
-        return str(self.tokenizer.decode(ids, skip_special_tokens=False))
+            pairs = self._generate(model, [conversations[i] for i in active])
+            still = []
+            for i, (prompt, reply) in zip(active, pairs, strict=True):
+                message = self._parsed(prompt, reply)
+                conversations[i].append(message)
+                for call in message.get("tool_calls") or []:
+                    function = call.get("function", {})
+                    content, _ = run_tool(str(function.get("name")), json.dumps(function.get("arguments")))
+                    conversations[i].append({"role": "tool", "name": str(function.get("name")), "content": content})
+                if message.get("tool_calls"):
+                    still.append(i)
+            active = still
+        return [episode_of(c[2:]) for c in conversations]
+
+    def _parsed(self, prompt: list[int], reply: list[int]) -> dict[str, Any]:
+        """A reply as TRL's tool loop reads it (transformers' parse_response, TRL's Qwen3 response template);
+        one that does not parse is its text."""
+        try:
+            message = dict(self.tokenizer.parse_response([*reply, self.stop_ids[0]], prefix=prompt))
+        except (ValueError, KeyError, TypeError):
+            message = {"content": self.tokenizer.decode(reply, skip_special_tokens=True)}
+        message["role"] = "assistant"
+        return message
 
     def accuracy(self, checkpoint: Path) -> float:
-        replies = self.replies(checkpoint)
-        return sum(reply_score(t, float(r["answer"])) for t, r in zip(replies, self.rows, strict=True)) / len(replies)
+        if self.workload == MULTI:
+            scores = [verify(e.answer, task_of(r)) for e, r in zip(self.episodes(checkpoint), self.rows, strict=True)]
+        else:
+            scores = [reply_score(t, float(r["answer"])) for t, r in zip(self.replies(checkpoint), self.rows,
+                                                                          strict=True)]
+        return sum(scores) / len(scores)
 
 
 @dataclass
@@ -248,6 +355,8 @@ PROGRAMS = {"inference_svc": "engines", "trainer_svc": "trainer", "agents_adapte
 
 
 def program(args: Sequence[str]) -> str:
+    if args == ["?"]:
+        return "unidentified (exited)"
     if "--trl-worker" in args:
         return "TRL (trainer process)"
     if "-m" in args[:-1]:
@@ -285,7 +394,8 @@ class ProcessCpu:
         for proc in [me, *me.children(recursive=True)]:
             try:
                 spent = proc.cpu_times()
-                label = program(proc.cmdline())
+                # labelled once, by its first non-empty command line (an exiting process shows an empty one)
+                label = self._last[proc.pid][0] if proc.pid in self._last else program(proc.cmdline() or ["?"])
             except psutil.Error:
                 continue
             with self._lock:
@@ -325,7 +435,17 @@ def trl_worker(spec_file: Path) -> None:
 
     def correct(completion_ids: list[list[int]], answer: list[float], **_: Any) -> list[float | None]:
         texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=False)
-        return [reply_score(t.split("<|im_end|>")[0], a) for t, a in zip(texts, answer, strict=True)]
+        return [reply_score(t.split(STOP_TOKENS[0])[0], a) for t, a in zip(texts, answer, strict=True)]
+
+    def shaped(completions: list[list[dict[str, Any]]], answer: list[float], **_: Any) -> list[float | None]:
+        return [shaped_reward(episode_of(c), ArithmeticTask("", "", a)) for c, a in zip(completions, answer,
+                                                                                          strict=True)]
+
+    multi = settings.workload == MULTI
+    if multi:
+        from trl.chat_template_utils import qwen3_template
+
+        tokenizer.response_template = qwen3_template  # the demo's ChatML writes calls in the Qwen3/Hermes form
 
     record: dict[str, Any] = {"saved": {}, "tokens": 0, "samples": 0}
 
@@ -343,8 +463,9 @@ def trl_worker(spec_file: Path) -> None:
         def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             record["saved"][state.global_step] = time.monotonic() - t0
 
-    trainer = GRPOTrainer(model=model, reward_funcs=correct, args=GRPOConfig(**spec["grpo_args"]),
-                          train_dataset=dataset, processing_class=tokenizer, callbacks=[Timing()])
+    trainer = GRPOTrainer(model=model, reward_funcs=shaped if multi else correct,
+                          args=GRPOConfig(**spec["grpo_args"]), train_dataset=dataset, processing_class=tokenizer,
+                          tools=[calculator] if multi else None, callbacks=[Timing()])
     trainer.train()
     record["loop_end_s"] = time.monotonic() - t0
     (out / "result.json").write_text(json.dumps(record))
@@ -403,10 +524,11 @@ def settings_lines(s: JobSettings) -> list[str]:
             f"advantages {s.normalize_std} (scale_rewards), truncated completions masked {s.overlong_mask} "
             f"(mask_truncated_completions), max tokens {s.max_tokens}, temperature {s.temperature}, {s.steps} "
             f"steps, one epoch of updates per batch (num_iterations 1), same warmed model, tokenizer, chat "
-            f"template, tasks, held-out tasks and reward", "not matched:", *(f"  - {u}" for u in UNMATCHED)]
+            f"template, tasks, held-out tasks and reward", "not matched:",
+            *(f"  - {u}" for u in (*UNMATCHED, *(UNMATCHED_MULTI if s.workload == MULTI else ())))]
 
 
-def ratio_lines(trl: SystemRun, sflow: SystemRun, target: float) -> list[str]:
+def ratio_lines(trl: SystemRun, sflow: SystemRun, target: float, workload: str) -> list[str]:
     """The closing lines. A system that never reached the target is counted at its whole run's wall time (a
     bound, said in the line before)."""
     lines = []
@@ -416,8 +538,8 @@ def ratio_lines(trl: SystemRun, sflow: SystemRun, target: float) -> list[str]:
             lines.append(f"note: {run.name} did not reach held-out accuracy {target:.2f}; its wall time "
                          f"{run.wall_s:.0f} s is used, so the time ratio is a bound")
     time_ratio = (t_trl if t_trl is not None else trl.wall_s) / max(t_sf if t_sf is not None else sflow.wall_s, 1e-9)
-    lines.append(f"ratio time-to-accuracy TRL / SeamlessFlow ({WORKLOAD}): {time_ratio:.2f}x")
-    lines.append(f"ratio samples/s SeamlessFlow / TRL ({WORKLOAD}): "
+    lines.append(f"ratio time-to-accuracy TRL / SeamlessFlow ({workload}): {time_ratio:.2f}x")
+    lines.append(f"ratio samples/s SeamlessFlow / TRL ({workload}): "
                  f"{sflow.samples_per_s / max(trl.samples_per_s, 1e-9):.2f}x")
     return lines
 
@@ -436,8 +558,28 @@ def print_report(runs: Sequence[SystemRun], start_accuracy: float, target: float
               f"{r.samples_per_s:>9.2f}  {r.tokens_per_s:>8.1f}  {cpu} (total {sum(r.cpu.values()):.1f})")
 
 
+def compare(base: RunConfig, workload: str, args: argparse.Namespace, root: Path, cpu: ProcessCpu) -> list[str]:
+    """One workload trained by both systems and evaluated; prints its report and returns its closing lines."""
+    from infra.run_inputs import RunPaths, prepare_model
+
+    config = workload_config(base, workload, args.steps)
+    settings = job_settings(config)
+    print(f"\n=== {workload}: {settings.steps} steps each ===")
+    print("\n".join(settings_lines(settings)))
+    model = prepare_model(config, RunPaths(root / "warm"))  # the demo's cached warm-up, shared by both
+    evaluator = HeldOutEvaluator(model, eval_rows(config), settings.max_tokens, workload, settings.max_turns)
+    runs = [run_trl(settings, model, train_rows(config), root / f"trl-{config.name}", args.eval_every, cpu),
+            run_seamlessflow(config, root / f"sflow-{config.name}", args.eval_every, cpu)]
+    start_accuracy = evaluator.accuracy(model)
+    for r in runs:
+        r.accuracy = {step: evaluator.accuracy(path) for step, (path, _) in r.checkpoints.items()}
+    print_report(runs, start_accuracy, args.target)
+    return ratio_lines(runs[0], runs[1], args.target, workload)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workload", choices=sorted(WORKLOADS), default="both")
     parser.add_argument("--steps", type=int, default=40, help="train steps of each system")
     parser.add_argument("--eval-every", type=int, default=5, help="checkpoints evaluated every this many steps")
     parser.add_argument("--target", type=float, default=0.3, help="held-out accuracy whose wall time is compared")
@@ -448,26 +590,17 @@ def main(argv: list[str] | None = None) -> None:
         trl_worker(args.trl_worker)
         return
     from infra.launcher import stop_on_sigterm
-    from infra.run_inputs import RunPaths, prepare_model
 
     logging.basicConfig(level="WARNING")
     stop_on_sigterm()
-    config = single_turn_config(RunConfig.load(args.config), args.steps)
-    settings = job_settings(config)
     print(f"trl {metadata.version('trl')}, transformers {metadata.version('transformers')}, "
-          f"torch {metadata.version('torch')}; workload {WORKLOAD}; {os.cpu_count()} cores")
-    print("\n".join(settings_lines(settings)))
+          f"torch {metadata.version('torch')}; {os.cpu_count()} cores")
+    base = RunConfig.load(args.config)
+    lines = []
     with tempfile.TemporaryDirectory() as tmp, ProcessCpu() as cpu:
-        root = Path(tmp)
-        model = prepare_model(config, RunPaths(root / "warm"))  # the demo's cached warm-up, shared by both
-        evaluator = HeldOutEvaluator(model, eval_rows(config), settings.max_tokens)
-        runs = [run_trl(settings, model, train_rows(config), root / "trl", args.eval_every, cpu),
-                run_seamlessflow(config, root / "sflow", args.eval_every, cpu)]
-        start_accuracy = evaluator.accuracy(model)
-        for r in runs:
-            r.accuracy = {step: evaluator.accuracy(path) for step, (path, _) in r.checkpoints.items()}
-    print_report(runs, start_accuracy, args.target)
-    print("\n".join(ratio_lines(runs[0], runs[1], args.target)))
+        for workload in WORKLOADS[args.workload]:
+            lines += compare(base, workload, args, Path(tmp), cpu)
+    print("\n" + "\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ vs_trl = load_bench("vs_trl")
 
 
 def _config(steps: int = 6) -> RunConfig:
-    return vs_trl.single_turn_config(RunConfig.load(DEMO), steps)
+    return vs_trl.workload_config(RunConfig.load(DEMO), vs_trl.SINGLE, steps)
 
 
 def test_the_demo_settings_become_trls_grpo_config(tmp_path: Path) -> None:
@@ -37,6 +37,9 @@ def test_the_demo_settings_become_trls_grpo_config(tmp_path: Path) -> None:
     assert (args.epsilon, args.epsilon_high, args.beta) == (0.2, 0.2, 0.0)
     assert args.mask_truncated_completions is config.trainer.algorithm.overlong_mask
     assert (args.max_completion_length, args.temperature, args.max_steps) == (80, 1.0, 6)
+    multi = vs_trl.job_settings(vs_trl.workload_config(RunConfig.load(DEMO), vs_trl.MULTI, 6))
+    multi_args = GRPOConfig(**vs_trl.grpo_args(multi, tmp_path, save_every=3))
+    assert (multi_args.max_completion_length, multi_args.max_tool_calling_iterations) == (80 * 3, 2)
 
 
 def test_an_aggregation_trl_cannot_match_is_refused() -> None:
@@ -85,10 +88,10 @@ def test_the_closing_lines_compare_time_to_target_and_samples_per_second() -> No
     trl = _run("TRL", {5: 10.0, 10: 20.0}, {5: 0.1, 10: 0.4}, wall_s=25.0)
     sflow = _run("SeamlessFlow", {5: 8.0, 10: 16.0}, {5: 0.3, 10: 0.5}, wall_s=30.0)
     assert (trl.time_to(0.3), sflow.time_to(0.3), sflow.time_to(0.9)) == (20.0, 8.0, None)
-    assert vs_trl.ratio_lines(trl, sflow, 0.3) == [
+    assert vs_trl.ratio_lines(trl, sflow, 0.3, vs_trl.SINGLE) == [
         "ratio time-to-accuracy TRL / SeamlessFlow (single-turn): 2.50x",
         "ratio samples/s SeamlessFlow / TRL (single-turn): 0.50x"]
-    lines = vs_trl.ratio_lines(trl, sflow, 0.45)  # TRL never reaches it: its wall time, said as a bound
+    lines = vs_trl.ratio_lines(trl, sflow, 0.45, vs_trl.SINGLE)  # TRL never reaches it: its wall time, said as a bound
     assert lines[0].startswith("note: TRL did not reach") and lines[-2].endswith(": 1.56x")
 
 
@@ -104,3 +107,35 @@ def test_the_evaluator_scores_greedy_replies_of_a_checkpoint(tmp_path: Path) -> 
     assert all("<|im_end|>" not in r for r in replies)  # cut at the chat format's end
     assert evaluator.accuracy(model) == sum(vs_trl.reply_score(r, row["answer"])
                                             for r, row in zip(replies, rows, strict=True)) / 2
+
+
+def test_trls_calculator_tool_has_the_agents_schema_and_runner() -> None:
+    from transformers.utils import get_json_schema
+
+    from examples.calculator.tool import CALCULATOR_TOOL
+    from inference_svc.default_model import build_tokenizer
+
+    schema = get_json_schema(vs_trl.calculator)
+    assert {**schema, "function": {k: v for k, v in schema["function"].items() if k != "return"}} == CALCULATOR_TOOL
+    tokenizer = build_tokenizer("byte", "chatml", 4096)
+    prompt = vs_trl.prompt_of("What is 1 + 2?")
+    assert (tokenizer.apply_chat_template(prompt, tools=[vs_trl.calculator], tokenize=False)
+            == tokenizer.apply_chat_template(prompt, tools=[CALCULATOR_TOOL], tokenize=False))  # the same prompt
+    assert vs_trl.calculator("2 * (3 + 4)") == "14"
+    assert vs_trl.calculator("2 +").startswith("error")
+
+
+def test_an_episode_is_read_from_a_conversation_as_the_agent_records_it() -> None:
+    from examples.calculator.reward import shaped_reward
+    from examples.calculator.tasks import ArithmeticTask
+
+    call = [{"type": "function", "function": {"name": "calculator", "arguments": {"expression": "3 * 4"}}}]
+    used = vs_trl.episode_of([{"role": "assistant", "content": "", "tool_calls": call},
+                              {"role": "tool", "name": "calculator", "content": "12"},
+                              {"role": "assistant", "content": "12"}])
+    assert (used.turns, used.tool_calls, used.tool_errors, used.answer, used.last_tool_output) == (2, 1, 0, "12", "12")
+    assert shaped_reward(used, ArithmeticTask("t", "What is 3 * 4?", 12.0)) == pytest.approx(1.0)
+    failed = vs_trl.episode_of([{"role": "assistant", "content": "", "tool_calls": call},
+                                {"role": "tool", "name": "calculator", "content": {"error": "bad"}}])
+    assert (failed.tool_errors, failed.answered, failed.last_tool_output) == (1, False, "")
+    assert shaped_reward(failed, ArithmeticTask("t", "What is 3 * 4?", 12.0)) == 0.0
