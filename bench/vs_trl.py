@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import subprocess
 import sys
@@ -62,8 +63,13 @@ from infra.run_inputs import task_rows
 
 DEMO_CONFIG = Path(__file__).resolve().parents[1] / "infra" / "configs" / "demo.yaml"
 TOOL_CALL_MARK = "<tool_call>"
-SINGLE, MULTI = "single-turn", "multi-turn tool"
+SINGLE, MULTI, THROUGHPUT = "single-turn", "multi-turn tool", "throughput"
 WORKLOADS = {"single-turn": (SINGLE,), "multi-turn": (MULTI,), "both": (SINGLE, MULTI)}
+# --throughput: a model where generation, not per-call bookkeeping, dominates (~30M parameters with the bpe
+# vocabulary), untrained (no warm-up: nothing is learned), fixed-length replies (ignore_eos)
+THROUGHPUT_SHAPE = {"hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 10,
+                    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 64}
+THROUGHPUT_TOKENS = 256
 STOP_TOKENS = ("<|im_end|>", "<|endoftext|>")
 # SeamlessFlow's loss aggregation -> TRL's loss_type with the same normalisation when a train step is one
 # TRL batch (gradient_accumulation_steps 1): "grpo" averages each sequence's token losses then the sequences
@@ -122,6 +128,7 @@ class JobSettings:
     steps: int
     seed: int
     workload: str
+    ignore_eos: bool = False
 
     @property
     def trl_loss_type(self) -> str:
@@ -139,7 +146,8 @@ def job_settings(config: RunConfig) -> JobSettings:
         clip_high=algorithm.clip_eps_high or algorithm.clip_eps, kl_coef=algorithm.kl_coef,
         normalize_std=algorithm.normalize_std, overlong_mask=algorithm.overlong_mask,
         max_tokens=config.agent.max_tokens, max_turns=config.agent.max_turns, temperature=config.agent.temperature,
-        steps=config.run.max_steps, seed=config.seed, workload=SINGLE if config.agent.max_turns == 1 else MULTI)
+        steps=config.run.max_steps, seed=config.seed, ignore_eos=config.agent.ignore_eos,
+        workload=THROUGHPUT if config.agent.ignore_eos else SINGLE if config.agent.max_turns == 1 else MULTI)
 
 
 def grpo_args(s: JobSettings, output_dir: Path, save_every: int) -> dict[str, Any]:
@@ -148,7 +156,8 @@ def grpo_args(s: JobSettings, output_dir: Path, save_every: int) -> dict[str, An
     1e-8, no weight decay, gradient norm clipped at 1.0: TRL's defaults too), constant learning rate."""
     batch = s.group_size * s.groups_per_step
     multi = {"max_tool_calling_iterations": s.max_turns - 1} if s.workload == MULTI else {}
-    return {**multi,
+    fixed_length = {"generation_kwargs": {"min_new_tokens": s.max_tokens}} if s.ignore_eos else {}
+    return {**multi, **fixed_length,
         "output_dir": str(output_dir), "use_cpu": True, "report_to": "none", "disable_tqdm": True,
         "seed": s.seed, "max_steps": s.steps, "logging_steps": 1,
         "save_strategy": "steps", "save_steps": save_every, "save_only_model": True,
@@ -179,8 +188,15 @@ def workload_config(base: RunConfig, workload: str, steps: int) -> RunConfig:
     """The demo's job for a workload: single-turn with the direct agent and the correctness reward, multi-turn
     as the demo runs it; evaluated here (not by the run's own evaluator), for `steps` train steps."""
     data = base.model_dump(mode="json")
-    data["name"] = "vs-trl-single" if workload == SINGLE else "vs-trl-multi"
-    if workload == SINGLE:
+    data["name"] = {SINGLE: "vs-trl-single", MULTI: "vs-trl-multi", THROUGHPUT: "vs-trl-throughput"}[workload]
+    if workload == THROUGHPUT:
+        data["model"] = {**data["model"], "shape": THROUGHPUT_SHAPE, "warmup_steps": 0}
+        data["agent"] = {**data["agent"], "max_tokens": THROUGHPUT_TOKENS, "ignore_eos": True}
+        # nothing to learn from an untrained model's fixed-length replies: every step trains its batch as it is
+        data["trainer"]["algorithm"] = {**data["trainer"]["algorithm"], "dynamic_sampling": False,
+                                        "overlong_mask": False, "max_response_tokens": THROUGHPUT_TOKENS}
+        data["scheduler"] = {**data["scheduler"], "dynamic_sampling_extra_groups": 0}
+    if workload in (SINGLE, THROUGHPUT):
         data["example"] = {**data["example"], "agent": "examples.calculator.agent:DirectAgent",
                            "reward": "examples.calculator.reward:correct"}
         data["agent"] = {**data["agent"], "max_turns": 1}
@@ -544,6 +560,26 @@ def ratio_lines(trl: SystemRun, sflow: SystemRun, target: float, workload: str) 
     return lines
 
 
+def parameters(model: Path) -> int:
+    from safetensors import safe_open
+
+    with safe_open(str(model / "model.safetensors"), "pt") as weights:
+        return sum(math.prod(weights.get_slice(name).get_shape()) for name in weights.keys())  # noqa: SIM118
+
+
+def cpu_text(run: SystemRun) -> str:
+    spent = ", ".join(f"{p} {s:.1f}" for p, s in sorted(run.cpu.items(), key=lambda kv: -kv[1]))
+    return f"{spent} (total {sum(run.cpu.values()):.1f})"
+
+
+def print_throughput(runs: Sequence[SystemRun]) -> None:
+    print(f"\n{'system':>12}  {'wall s':>7}  {'loop s':>7}  {'samples':>7}  {'samples/s':>9}  {'tokens/s':>8}  "
+          "CPU s by process")
+    for r in runs:
+        print(f"{r.name:>12}  {r.wall_s:>7.1f}  {r.loop_s:>7.1f}  {r.samples:>7}  {r.samples_per_s:>9.2f}  "
+              f"{r.tokens_per_s:>8.1f}  {cpu_text(r)}")
+
+
 def print_report(runs: Sequence[SystemRun], start_accuracy: float, target: float) -> None:
     print(f"\nheld-out accuracy (greedy, one evaluator) against wall time; both start at {start_accuracy:.3f}")
     for r in runs:
@@ -553,9 +589,8 @@ def print_report(runs: Sequence[SystemRun], start_accuracy: float, target: float
           f"{'samples/s':>9}  {'tokens/s':>8}  CPU s by process")
     for r in runs:
         t = r.time_to(target)
-        cpu = ", ".join(f"{p} {s:.1f}" for p, s in sorted(r.cpu.items(), key=lambda kv: -kv[1]))
         print(f"{r.name:>12}  {r.wall_s:>7.1f}  {'-' if t is None else format(t, '.1f'):>9}  {r.samples:>7}  "
-              f"{r.samples_per_s:>9.2f}  {r.tokens_per_s:>8.1f}  {cpu} (total {sum(r.cpu.values()):.1f})")
+              f"{r.samples_per_s:>9.2f}  {r.tokens_per_s:>8.1f}  {cpu_text(r)}")
 
 
 def compare(base: RunConfig, workload: str, args: argparse.Namespace, root: Path, cpu: ProcessCpu) -> list[str]:
@@ -566,10 +601,15 @@ def compare(base: RunConfig, workload: str, args: argparse.Namespace, root: Path
     settings = job_settings(config)
     print(f"\n=== {workload}: {settings.steps} steps each ===")
     print("\n".join(settings_lines(settings)))
-    model = prepare_model(config, RunPaths(root / "warm"))  # the demo's cached warm-up, shared by both
-    evaluator = HeldOutEvaluator(model, eval_rows(config), settings.max_tokens, workload, settings.max_turns)
+    model = prepare_model(config, RunPaths(root / f"model-{config.name}"))  # cached warm-up, shared by both
+    print(f"model: {parameters(model) / 1e6:.1f}M parameters")
     runs = [run_trl(settings, model, train_rows(config), root / f"trl-{config.name}", args.eval_every, cpu),
             run_seamlessflow(config, root / f"sflow-{config.name}", args.eval_every, cpu)]
+    if workload == THROUGHPUT:
+        print_throughput(runs)
+        return [f"ratio samples/s SeamlessFlow / TRL ({workload}): "
+                f"{runs[1].samples_per_s / max(runs[0].samples_per_s, 1e-9):.2f}x"]
+    evaluator = HeldOutEvaluator(model, eval_rows(config), settings.max_tokens, workload, settings.max_turns)
     start_accuracy = evaluator.accuracy(model)
     for r in runs:
         r.accuracy = {step: evaluator.accuracy(path) for step, (path, _) in r.checkpoints.items()}
@@ -580,6 +620,9 @@ def compare(base: RunConfig, workload: str, args: argparse.Namespace, root: Path
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workload", choices=sorted(WORKLOADS), default="both")
+    parser.add_argument("--throughput", action="store_true", help=(
+        f"throughput mode instead: a ~30M-parameter untrained model, {THROUGHPUT_TOKENS}-token replies (ignore_eos), "
+        "--steps fixed steps, no evaluation; final line: ratio samples/s SeamlessFlow / TRL (throughput)"))
     parser.add_argument("--steps", type=int, default=40, help="train steps of each system")
     parser.add_argument("--eval-every", type=int, default=5, help="checkpoints evaluated every this many steps")
     parser.add_argument("--target", type=float, default=0.3, help="held-out accuracy whose wall time is compared")
@@ -598,7 +641,7 @@ def main(argv: list[str] | None = None) -> None:
     base = RunConfig.load(args.config)
     lines = []
     with tempfile.TemporaryDirectory() as tmp, ProcessCpu() as cpu:
-        for workload in WORKLOADS[args.workload]:
+        for workload in (THROUGHPUT,) if args.throughput else WORKLOADS[args.workload]:
             lines += compare(base, workload, args, Path(tmp), cpu)
     print("\n" + "\n".join(lines))
 

@@ -25,6 +25,26 @@ class KafkaSection(_Strict):
     nodes: Literal[1, 3] = Field(default=1, description="1 broker, or 3 (RF 3, min ISR 2).")
 
 
+class ModelShape(_Strict):
+    """A larger default model (`inference_svc.default_model.DefaultModelSpec`'s sizes): e.g. bench/vs_trl.py's
+    throughput mode, where generation, not per-call bookkeeping, should dominate. Unset: the ~0.8M-parameter
+    default."""
+
+    hidden_size: int = Field(default=128, ge=8, description="Width of the residual stream.")
+    intermediate_size: int = Field(default=384, ge=8, description="Width of the MLP.")
+    num_hidden_layers: int = Field(default=4, ge=1, description="Decoder layers.")
+    num_attention_heads: int = Field(default=4, ge=1, description="Query heads.")
+    num_key_value_heads: int = Field(default=2, ge=1, description="Key/value heads (grouped-query attention).")
+    head_dim: int = Field(default=32, ge=4, description="Width of one head.")
+
+    @model_validator(mode="after")
+    def _heads_group(self) -> ModelShape:
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"model.shape.num_attention_heads={self.num_attention_heads} is not a multiple of "
+                             f"num_key_value_heads={self.num_key_value_heads}")
+        return self
+
+
 class ModelSection(_Strict):
     warmup_tasks: int = Field(default=2048, ge=1, description="Demonstrations the example's `warmup` writes.")
     warmup_steps: int = Field(default=1200, ge=0, description="Warm-up optimizer steps (0: start from random).")
@@ -45,6 +65,8 @@ class ModelSection(_Strict):
         default="chatml", description="The default model's chat format: the project's compact ChatML, or Qwen3's "
         "(think blocks, <tool_call>) or Llama 3.1's (JSON tool calls, ipython turns), with their special tokens.")
     bpe_vocab_size: int = Field(default=4096, gt=256, description="Tokens of the `bpe` tokenizer (bytes included).")
+    shape: ModelShape | None = Field(default=None, description=(
+        "The default model's sizes (None: the ~0.8M-parameter default); part of the warm-up's cache key when set."))
 
     @model_validator(mode="after")
     def _vocabulary_has_the_formats_tokens(self) -> ModelSection:

@@ -79,7 +79,9 @@ def _demonstrations(config: RunConfig) -> Demonstrations:
 def warmup_cache_key(config: RunConfig) -> str:
     """Everything the warm-up's result depends on, hashed: runs that differ only elsewhere share it."""
     return hashlib.sha256(json.dumps(
-        [config.model.model_dump(exclude={"warmup_seed", "warmup_workers"}), _warmup_source(config.example),
+        # exclude_none: an unset `shape` leaves the key of every earlier config as it was (their caches stay valid)
+        [config.model.model_dump(exclude={"warmup_seed", "warmup_workers"}, exclude_none=True),
+         _warmup_source(config.example),
          config.warmup_seed, _CACHE_FORMAT]).encode()
     ).hexdigest()[:12]
 
@@ -108,8 +110,9 @@ def prepare_model(config: RunConfig, paths: RunPaths) -> Path:
     key = warmup_cache_key(config)
     cached = stack.VAR_DIR / "cache" / f"warm-{key}"
     if not (cached / "model.safetensors").exists():
+        shape = config.model.shape.model_dump() if config.model.shape is not None else {}
         spec = DefaultModelSpec(tokenizer=config.model.tokenizer, chat_template=config.model.chat_template,
-                                bpe_vocab_size=config.model.bpe_vocab_size)
+                                bpe_vocab_size=config.model.bpe_vocab_size, **shape)
         base = create_default_model(stack.VAR_DIR / "cache" / f"base-{key}", spec)
         if config.model.warmup_steps:
             data = _demonstrations(config)

@@ -139,3 +139,18 @@ def test_an_episode_is_read_from_a_conversation_as_the_agent_records_it() -> Non
                                 {"role": "tool", "name": "calculator", "content": {"error": "bad"}}])
     assert (failed.tool_errors, failed.answered, failed.last_tool_output) == (1, False, "")
     assert shaped_reward(failed, ArithmeticTask("t", "What is 3 * 4?", 12.0)) == 0.0
+
+
+def test_the_throughput_job_is_a_larger_untrained_model_with_fixed_length_replies(tmp_path: Path) -> None:
+    from trl import GRPOConfig
+
+    demo = RunConfig.load(DEMO)
+    config = vs_trl.workload_config(demo, vs_trl.THROUGHPUT, 3)
+    assert config.model.shape is not None and config.model.shape.hidden_size == 512
+    assert (config.model.warmup_steps, config.agent.max_tokens, config.agent.ignore_eos) == (0, 256, True)
+    assert not config.trainer.algorithm.dynamic_sampling and not config.trainer.algorithm.overlong_mask
+    settings = vs_trl.job_settings(config)
+    args = GRPOConfig(**vs_trl.grpo_args(settings, tmp_path, save_every=3))
+    assert settings.workload == vs_trl.THROUGHPUT
+    assert args.generation_kwargs == {"min_new_tokens": 256} and args.max_completion_length == 256
+    assert args.mask_truncated_completions is False

@@ -1,0 +1,29 @@
+"""`model.shape`: a larger default model, validated, keyed in the warm-up cache; unset, every earlier key stays."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from infra.errors import InfraError
+from infra.run_config import RunConfig
+from infra.run_inputs import warmup_cache_key
+from tests.unit.infra.run_configs import DEMO, load
+
+pytestmark = pytest.mark.unit
+
+
+def test_an_unset_shape_keeps_the_demos_warm_up_key() -> None:
+    demo = RunConfig.load(DEMO)
+    assert demo.model.shape is None
+    assert warmup_cache_key(demo) == "292a1c1f34c7"  # the key before `shape` existed: cached warm-ups stay valid
+
+
+def test_a_shape_is_part_of_the_key_and_its_heads_must_group(tmp_path: Path) -> None:
+    small = load(tmp_path, model={"warmup_steps": 0})
+    larger = load(tmp_path, model={"warmup_steps": 0, "shape": {"hidden_size": 256, "num_hidden_layers": 6}})
+    assert larger.model.shape is not None and larger.model.shape.num_hidden_layers == 6
+    assert warmup_cache_key(larger) != warmup_cache_key(small)
+    with pytest.raises(InfraError, match="num_attention_heads=6"):
+        load(tmp_path, model={"shape": {"num_attention_heads": 6, "num_key_value_heads": 4}})
