@@ -52,6 +52,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.pipeline_e2e import PROGRAMS  # the job's processes by module, as pipeline_e2e's CPU table names them
 from examples.calculator.agent import SYSTEM_PROMPT, EpisodeResult
 from examples.calculator.reward import shaped_reward
 from examples.calculator.tasks import ArithmeticTask
@@ -365,14 +366,7 @@ class SystemRun:
 
 
 # ---------------------------------------------------------------------------------------------- CPU by process
-PROGRAMS = {"inference_svc": "engines", "trainer_svc": "trainer", "agents_adapter.proxy": "proxy",
-            "agents_adapter.processor": "processor", "scheduler_svc": "scheduler", "infra.analytics": "analytics",
-            "infra.rollout_workers": "agents"}
-
-
 def program(args: Sequence[str]) -> str:
-    if args == ["?"]:
-        return "unidentified (exited)"
     if "--trl-worker" in args:
         return "TRL (trainer process)"
     if "-m" in args[:-1]:
@@ -409,11 +403,11 @@ class ProcessCpu:
         me = psutil.Process()
         for proc in [me, *me.children(recursive=True)]:
             try:
-                spent = proc.cpu_times()
-                # labelled once, by its first non-empty command line (an exiting process shows an empty one)
-                label = self._last[proc.pid][0] if proc.pid in self._last else program(proc.cmdline() or ["?"])
+                spent, cmdline = proc.cpu_times(), proc.cmdline()
             except psutil.Error:
                 continue
+            # by its latest command line (a child just forked still shows this process's; one exiting, none)
+            label = program(cmdline) if cmdline else self._last.get(proc.pid, ("unidentified (exited)", 0.0))[0]
             with self._lock:
                 self._last[proc.pid] = (label, spent.user + spent.system)
 

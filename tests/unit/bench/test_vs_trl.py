@@ -154,3 +154,15 @@ def test_the_throughput_job_is_a_larger_untrained_model_with_fixed_length_replie
     assert settings.workload == vs_trl.THROUGHPUT
     assert args.generation_kwargs == {"min_new_tokens": 256} and args.max_completion_length == 256
     assert args.mask_truncated_completions is False
+
+
+def test_processes_are_labelled_by_their_part_of_the_job() -> None:
+    python = "/work/.venv/bin/python"
+    assert vs_trl.program([python, "-m", "inference_svc", "--port", "1"]) == "engines"
+    assert vs_trl.program([python, "-m", "agents_adapter.proxy"]) == "proxy"
+    assert vs_trl.program([python, "bench/vs_trl.py", "--trl-worker", "spec.json"]) == "TRL (trainer process)"
+    assert vs_trl.program(["java", "kafka.Kafka", "server.properties"]) == "broker"
+    cpu = vs_trl.ProcessCpu()
+    import psutil
+
+    assert vs_trl.program(psutil.Process().cmdline()) in cpu.totals()  # this process, always sampled
