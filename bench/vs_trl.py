@@ -533,7 +533,7 @@ def settings_lines(s: JobSettings) -> list[str]:
             f"[{s.clip_low}, {s.clip_high}] (epsilon, epsilon_high), KL {s.kl_coef} (beta), std-normalised "
             f"advantages {s.normalize_std} (scale_rewards), truncated completions masked {s.overlong_mask} "
             f"(mask_truncated_completions), max tokens {s.max_tokens}, temperature {s.temperature}, {s.steps} "
-            f"steps, one epoch of updates per batch (num_iterations 1), same warmed model, tokenizer, chat "
+            f"steps, one epoch of updates per batch (num_iterations 1), same model (weights), tokenizer, chat "
             f"template, tasks, held-out tasks and reward", "not matched:",
             *(f"  - {u}" for u in (*UNMATCHED, *(UNMATCHED_MULTI if s.workload == MULTI else ())))]
 
