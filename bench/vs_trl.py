@@ -23,7 +23,7 @@ CPU seconds by process (this process's descendants only: the machine may be shar
 (<workload>): N.NNx`, per workload.
 
     .venv/bin/python bench/vs_trl.py [--workload single-turn|multi-turn|both] [--steps 40] [--eval-every 5]
-        [--target 0.3]
+        [--target 0.8]
 
 TRL runs in a child process (`--trl-worker`), with torch on both cores; SeamlessFlow runs as `sflow train`
 does (infra.demo.run: engines pinned one per core, the trainer on r1's core) on one broker started first.
@@ -619,7 +619,7 @@ def main(argv: list[str] | None = None) -> None:
         "--steps fixed steps, no evaluation; final line: ratio samples/s SeamlessFlow / TRL (throughput)"))
     parser.add_argument("--steps", type=int, default=40, help="train steps of each system")
     parser.add_argument("--eval-every", type=int, default=5, help="checkpoints evaluated every this many steps")
-    parser.add_argument("--target", type=float, default=0.3, help="held-out accuracy whose wall time is compared")
+    parser.add_argument("--target", type=float, default=0.8, help="held-out accuracy whose wall time is compared")
     parser.add_argument("--config", type=Path, default=DEMO_CONFIG)
     parser.add_argument("--trl-worker", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
