@@ -91,7 +91,7 @@ demo:
 # Servers the benches start, not benches themselves.
 BENCH_SERVERS := bench/proxy_floor.py bench/fake_upstream.py
 bench: $(DEV_STAMP) $(JARS)
-	$(PIP) install -q -e '.[peers]'  # the peers bench/vs_gateways.py measures against
+	$(PIP) install -q -e '.[peers]'  # the peers bench/vs_gateways.py and bench/vs_trl.py measure against
 	@for b in $(filter-out $(BENCH_SERVERS),$(wildcard bench/*.py)); do echo "== $$b"; $(PY) $$b || exit 1; done
 
 clean: down
