@@ -31,7 +31,7 @@ from infra.errors import InfraError
 from infra.evaluator import evaluator_of
 from infra.kafka.cluster import REPO_ROOT, KafkaCluster
 from infra.launcher import Launcher, ServiceSpec, stop_on_sigterm
-from infra.monitor import RunMonitor, RunState
+from infra.monitor import RunMonitor, RunProgress, RunState
 from infra.phases import PhaseClock, setup_phases
 from infra.prometheus import write_scrape_config
 from infra.run_config import RunConfig, RunSection
@@ -274,7 +274,7 @@ def wind_down(config: RunConfig, launcher: Launcher, monitor: RunMonitor, specs:
     """The end of a run: agents stopped, the end evaluation, the proxy drained (its counters returned), every
     recorded call in a trajectory, the services stopped and the monitor's last events read."""
     launcher.stop("rollout-workers")
-    if config.eval.enabled and monitor.snapshot().steps >= config.run.max_steps:  # the end evaluation
+    if config.eval.enabled and monitor.progress().steps >= config.run.max_steps:  # the end evaluation
         monitor.wait_eval(config.run.max_steps, config.eval.end_timeout_s)
     adapter_stats = _adapter_stats(specs, admin_key)
     if unassembled := monitor.wait_assembled(60.0):
@@ -303,7 +303,7 @@ def inject(fault: Fault, launcher: Launcher, cluster: KafkaCluster) -> None:
     log.warning("fault injected", extra={"target": fault.target, "at_step": fault.at_step})
 
 
-def stop_reason(state: RunState, run: RunSection, now_ms: int, since_ms: int) -> StopReason | None:
+def stop_reason(state: RunState | RunProgress, run: RunSection, now_ms: int, since_ms: int) -> StopReason | None:
     """Why a run that `follow` has watched since `since_ms` ends now, or None while it goes on."""
     if state.steps >= run.max_steps:
         return StopReason.MAX_STEPS
@@ -325,7 +325,7 @@ def follow(config: RunConfig, monitor: RunMonitor, launcher: Launcher, cluster: 
         steps = progress.add_task("train steps", total=config.run.max_steps, info="")
         rollout = progress.add_task("rollout", total=None, info="")
         while True:
-            s = monitor.snapshot()
+            s = monitor.progress()
             progress.update(steps, completed=min(s.steps, config.run.max_steps),
                             info=f"policy v{s.version}  reward {s.last_reward:.2f}")
             progress.update(rollout, info=f"{s.tokens_per_s:,.0f} tok/s  calls {s.calls}  sessions {s.trajectories}"

@@ -58,6 +58,20 @@ def versions_text(versions: tuple[int, ...]) -> str:
     return f"v{versions[0]}" if len(versions) == 1 else f"v{versions[0]}-v{versions[-1]}"
 
 
+@dataclass(frozen=True)
+class RunProgress:
+    """What the progress bars and the stop rule read every second: a few numbers, not a copy of the state."""
+
+    steps: int
+    version: int
+    last_reward: float
+    tokens_per_s: float
+    calls: int
+    trajectories: int
+    ready_groups: int
+    progress_ms: int
+
+
 @dataclass
 class RunState:
     """Raw facts of a run, in event order."""
@@ -110,11 +124,21 @@ class RunState:
 
     @property
     def tokens_per_s(self) -> float:
-        """Over the last 20 s."""
+        """Over the last 20 s. Calls arrive nearly in completion order (four partitions): the scan goes back
+        from the newest and stops 5 s of completion times before the window, not at the first older call."""
         if not self.output_tokens:
             return 0.0
         horizon = self.output_tokens[-1][0] - 20_000
-        return sum(n for t, n in self.output_tokens if t >= horizon) / 20.0
+        total = 0
+        for t, n in reversed(self.output_tokens):
+            if t < horizon - 5_000:
+                break
+            total += n if t >= horizon else 0
+        return total / 20.0
+
+    def progress(self) -> RunProgress:
+        return RunProgress(self.steps, self.version, self.last_reward, self.tokens_per_s, self.calls,
+                           self.trajectories, self.ready_groups, self.progress_ms)
 
     @property
     def mean_tokens_per_s(self) -> float:
@@ -326,8 +350,15 @@ class RunMonitor:
             time.sleep(0.2)
 
     def snapshot(self) -> RunState:
+        """A copy of the whole state (for the summary); every second, `progress` is what to read."""
         with self._lock:
             return copy.deepcopy(self.state)
+
+    def progress(self) -> RunProgress:
+        """The figures `follow` shows and stops on: the deep copy of a long run's state (every call's versions
+        and spans) was most of the job driver's CPU when taken every second."""
+        with self._lock:
+            return self.state.progress()
 
     def stop(self) -> None:
         self._stop.set()

@@ -87,3 +87,15 @@ def test_the_reward_of_every_session_by_the_version_it_started_under() -> None:
         state.apply(example(ev.Trajectory, trajectory_id=tid, group_id=gid, min_version=version, reward=reward))
     assert state.rollout_rewards() == [(0, 0.5), (1, 1.0), (2, 0.5)]
     assert state.trajectories == 5  # a re-published trajectory counts again, its reward once
+
+
+def test_progress_is_the_figures_follow_reads_and_the_rate_counts_late_arrivals_in_the_window() -> None:
+    """`follow` reads `progress()` every second instead of a deep copy of the state: the same figures, and the
+    20 s rate scanned from the newest call still counts a call that arrived out of completion order."""
+    state = RunState()
+    for end in (1_000, 30_000, 50_000, 47_000, 60_000):  # 47_000 arrives after 50_000 (another partition)
+        state.apply(_call("r0", end - 500, end))
+    naive = sum(n for t, n in state.output_tokens if t >= state.output_tokens[-1][0] - 20_000) / 20.0
+    progress = state.progress()
+    assert progress.tokens_per_s == state.tokens_per_s == naive > 0
+    assert (progress.calls, progress.steps, progress.version, progress.progress_ms) == (5, 0, 0, 60_000)
