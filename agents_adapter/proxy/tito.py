@@ -286,8 +286,8 @@ def _share(calls: OrderedDict[Any, CachedCall], parent_call_id: str, ids: np.nda
     calls whose ids are a shorter view of the parent's buffer) read them from `ids` instead: a growing session
     keeps one buffer of its latest context, not one per cached call (16 x 256 KB at 64K tokens)."""
     parent = next((c.ids for c in calls.values() if c.call_id == parent_call_id), None)
-    if parent is None or len(parent) > len(ids):
-        return
+    if parent is None or len(parent) > len(ids) or not np.array_equal(ids[:len(parent)], parent):
+        return  # not an extension of the cached parent after all: each call keeps its own ids
     owner = parent if parent.base is None else parent.base
     for key, cached in list(calls.items()):
         same_buffer = cached.ids is parent or cached.ids.base is owner or cached.ids is owner
