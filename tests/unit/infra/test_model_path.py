@@ -4,7 +4,9 @@ Two directories are made here as a user would have them, with transformers alone
 `LlamaConfig`, random init, `save_pretrained`) and a tokenizer of the matching chat-template family: the
 native engine loads each and its greedy outputs equal transformers'; the capture proxy's codec reads its
 tokenizer and chat template; the run config takes it (and refuses what cannot be served, naming the field);
-`prepare_model` copies it as the run's model, or warms it up on top (keyed by the directory's content).
+`prepare_model` copies it as the run's model, or warms it up on top (keyed by the directory's content); the
+trainer trains it, writing its checkpoint with its own writer, and `sflow export` turns that into a directory
+transformers loads with the engine's greedy outputs.
 """
 
 from __future__ import annotations
@@ -22,9 +24,11 @@ from inference_svc.default_model import TEMPLATES, build_tokenizer
 from inference_svc.engine import NativeEngine
 from infra import run_inputs, stack
 from infra.errors import InfraError
+from infra.export import export_policy
 from infra.run_inputs import RunPaths, prepare_model, warmup_cache_key
 from schemas.inference.types import SamplingOptions
 from tests.unit.infra.run_configs import load
+from tests.unit.trainer.trainer_helpers import random_batch, trainer_config
 
 pytestmark = pytest.mark.unit
 SIZES: dict[str, Any] = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
@@ -130,3 +134,30 @@ def test_what_cannot_be_served_is_refused_naming_the_field(hf_dir: Path, tmp_pat
     (no_weights / "model.safetensors").unlink()
     with pytest.raises(InfraError, match=r"holds no \*.safetensors weights"):
         load(tmp_path, model={"path": str(no_weights)})
+
+
+def test_the_trainer_trains_a_llama_and_its_checkpoint_exports(tmp_path: Path) -> None:
+    """Llama only: the trainer's own tests train the default model, a Qwen3 (DeepSpeed's set-up takes ~25 s)."""
+    from transformers import AutoModelForCausalLM
+
+    from trainer_svc.trainer import Trainer
+
+    hf_dir = _hf_directory(tmp_path / "llama", "llama")
+
+    run = RunPaths(tmp_path / "runs" / "r")
+    prepare_model(load(tmp_path, model={"path": str(hf_dir), "warmup_steps": 0}), run)
+    trainer = Trainer(trainer_config(run.model, micro_batch_tokens=32))
+    trainer.train_step(random_batch(seed=1), 0)
+    trainer.save_checkpoint(run.weights / "r" / "v000001")  # the trainer's own writer, as the service names it
+    written = export_policy(run.root, tmp_path / "exported")
+    assert written.version == 1
+    model = AutoModelForCausalLM.from_pretrained(str(written.out_dir)).eval()
+    assert model.config.model_type == "llama"
+    prompt = [5, 17, 42, 99, 3]
+    with NativeEngine(written.out_dir, max_running_requests=2, max_context=1024) as engine:
+        served = engine.generate(prompt, SamplingOptions(max_new_tokens=8, temperature=0.0, ignore_eos=True),
+                                 timeout_s=60).output_ids
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, 5, dtype=torch.long),
+                             do_sample=False, max_new_tokens=8, min_new_tokens=8, eos_token_id=None, pad_token_id=0)
+    assert out[0, 5:].tolist() == served
