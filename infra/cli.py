@@ -1,4 +1,4 @@
-"""`sflow`: the operator's command line (stack, events, replay, analytics, dashboard, simulator)."""
+"""`sflow`: the operator's command line (stack, events, replay, analytics, dashboard, simulator, export)."""
 
 from __future__ import annotations
 
@@ -370,6 +370,25 @@ def train(
     except InfraError as e:
         console.print(f"[red]error:[/] {e}")
         raise typer.Exit(2) from e
+
+
+@app.command()
+def export(
+    run: Annotated[str, typer.Option("--run", help="run folder, or a run name under runs/ (as analytics --run)")],
+    out: Annotated[Path, typer.Option("--out", help="directory to write (new, or empty)")],
+    version: Annotated[int | None, typer.Option(help="trained version to export (default: the newest)")] = None,
+) -> None:
+    """Write a run's trained policy as a Hugging Face model directory (docs/export.md)."""
+    from infra.export import ExportError, export_policy, resolve_run
+    from infra.kafka.cluster import REPO_ROOT
+
+    try:  # a refusal: one line on stderr, exit status 2
+        written = export_policy(resolve_run(run, REPO_ROOT / "runs"), out, version)
+    except ExportError as e:
+        err_console.print(f"[red]error:[/] {e}", soft_wrap=True)
+        raise typer.Exit(2) from e
+    console.print(f"version {written.version} (step {written.step}, sha256 {written.sha256[:12]}) written to "
+                  f"{written.out_dir}: {', '.join(written.files)}", soft_wrap=True)
 
 
 def main() -> None:

@@ -67,6 +67,27 @@ class ModelSection(_Strict):
     bpe_vocab_size: int = Field(default=4096, gt=256, description="Tokens of the `bpe` tokenizer (bytes included).")
     shape: ModelShape | None = Field(default=None, description=(
         "The default model's sizes (None: the ~0.8M-parameter default); part of the warm-up's cache key when set."))
+    path: Path | None = Field(default=None, description=(
+        "A local Hugging Face causal-LM directory (model_type qwen3, qwen2, llama or mistral; safetensors; "
+        "tokenizer.json with a chat template) used instead of the default model (docs/export.md): the engines "
+        "serve it, the trainer trains it, the proxy records with its tokenizer and chat template. The warm-up "
+        "runs on top of it when warmup_steps > 0 (keyed in the cache by the directory's content); 0 skips it. "
+        "tokenizer, chat_template, bpe_vocab_size and shape describe the default model and are refused with it."))
+
+    @model_validator(mode="after")
+    def _path_is_a_servable_model(self) -> ModelSection:
+        from infra.hf_model import model_dir_problem
+
+        if self.path is None:
+            return self
+        default_model_fields = sorted({"tokenizer", "chat_template", "bpe_vocab_size", "shape"} & self.model_fields_set)
+        if default_model_fields:
+            raise ValueError(f"model.path={str(self.path)!r} is given with {default_model_fields}, which describe "
+                             f"the default model: leave them out")
+        problem = model_dir_problem(self.path)
+        if problem is not None:
+            raise ValueError(f"model.path={str(self.path)!r} {problem}")
+        return self
 
     @model_validator(mode="after")
     def _vocabulary_has_the_formats_tokens(self) -> ModelSection:

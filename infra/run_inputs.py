@@ -78,11 +78,16 @@ def _demonstrations(config: RunConfig) -> Demonstrations:
 
 def warmup_cache_key(config: RunConfig) -> str:
     """Everything the warm-up's result depends on, hashed: runs that differ only elsewhere share it."""
+    from infra.hf_model import directory_digest
+
+    # a base model directory by its content, not where it lies
+    base = [directory_digest(config.model.path)] if config.model.path is not None else []
     return hashlib.sha256(json.dumps(
-        # exclude_none: an unset `shape` leaves the key of every earlier config as it was (their caches stay valid)
-        [config.model.model_dump(exclude={"warmup_seed", "warmup_workers"}, exclude_none=True),
+        # exclude_none: an unset `shape` or `path` leaves the key of every earlier config as it was (their caches
+        # stay valid)
+        [config.model.model_dump(exclude={"warmup_seed", "warmup_workers", "path"}, exclude_none=True),
          _warmup_source(config.example),
-         config.warmup_seed, _CACHE_FORMAT]).encode()
+         config.warmup_seed, _CACHE_FORMAT, *base]).encode()
     ).hexdigest()[:12]
 
 
@@ -102,18 +107,30 @@ def _one_torch_thread() -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def prepare_model(config: RunConfig, paths: RunPaths) -> Path:
-    """Base model + supervised warm-up, cached by its settings under var/cache (a re-run is instant)."""
+def _base_model(config: RunConfig, key: str) -> Path:
+    """`model.path`, else the default model of the config's settings, written under var/cache."""
     from inference_svc.default_model import DefaultModelSpec, create_default_model
+
+    if config.model.path is not None:
+        return config.model.path
+    shape = config.model.shape.model_dump() if config.model.shape is not None else {}
+    spec = DefaultModelSpec(tokenizer=config.model.tokenizer, chat_template=config.model.chat_template,
+                            bpe_vocab_size=config.model.bpe_vocab_size, **shape)
+    return create_default_model(stack.VAR_DIR / "cache" / f"base-{key}", spec)
+
+
+def prepare_model(config: RunConfig, paths: RunPaths) -> Path:
+    """Base model (`model.path`, else the default model) + supervised warm-up, cached by its settings under
+    var/cache (a re-run is instant); `model.path` without warm-up is copied as it is."""
     from trainer_svc.warmup import supervised_warmup
 
+    if config.model.path is not None and not config.model.warmup_steps:
+        shutil.copytree(config.model.path, paths.model, dirs_exist_ok=True)
+        return paths.model
     key = warmup_cache_key(config)
     cached = stack.VAR_DIR / "cache" / f"warm-{key}"
-    if not (cached / "model.safetensors").exists():
-        shape = config.model.shape.model_dump() if config.model.shape is not None else {}
-        spec = DefaultModelSpec(tokenizer=config.model.tokenizer, chat_template=config.model.chat_template,
-                                bpe_vocab_size=config.model.bpe_vocab_size, **shape)
-        base = create_default_model(stack.VAR_DIR / "cache" / f"base-{key}", spec)
+    if not any(cached.glob("*.safetensors")):
+        base = _base_model(config, key)
         if config.model.warmup_steps:
             data = _demonstrations(config)
             columns = (TextColumn("warm-up (supervised, cached after the first run)"), BarColumn(),
