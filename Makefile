@@ -34,7 +34,7 @@ $(STAMP): pyproject.toml
 	@touch $@
 
 $(DEV_STAMP): $(STAMP)
-	$(PIP) install -q -e '.[dev,frameworks]'
+	$(PIP) install -q -e '.[dev,frameworks,examples]'
 	@touch $@
 
 # DeepSpeed's CPU ops are JIT-built on first use (~1 min); built here, a first train step does not pay for it.
